@@ -1,0 +1,4 @@
+//! KV caches.
+mod kv;
+
+pub use kv::KvCache;

@@ -1,0 +1,88 @@
+//! One error type for the whole crate. Every variant has a stable code that JavaScript sees as
+//! `err.code`; messages name the file, tensor, field or option at fault.
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no model at {0}")]
+    ModelNotFound(PathBuf),
+    #[error("{path}: {reason}")]
+    InvalidWeights { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    InvalidConfig { path: PathBuf, reason: String },
+    #[error("unsupported model_type '{0}' (supported: llama, mistral)")]
+    UnsupportedModelType(String),
+    #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
+    UnsupportedQuant { tensor: String, kind: String },
+    #[error("tensor {tensor}: {reason}")]
+    Tensor { tensor: String, reason: String },
+    #[error("{option}: {reason}")]
+    InvalidOption { option: &'static str, reason: String },
+    #[error("{0}")]
+    InvalidPrompt(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("download: {0}")]
+    Download(String),
+    #[error("the engine is closed")]
+    EngineClosed,
+    #[error("the model has been disposed")]
+    ModelDisposed,
+    #[error("mlx: {0}")]
+    Mlx(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl Error {
+    /// The stable, documented code of this error (mirrored in index.d.ts `ErrorCode`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::ModelNotFound(_) => "MODEL_NOT_FOUND",
+            Error::InvalidWeights { .. } => "INVALID_WEIGHTS",
+            Error::InvalidConfig { .. } => "INVALID_CONFIG",
+            Error::UnsupportedModelType(_) => "UNSUPPORTED_MODEL_TYPE",
+            Error::UnsupportedQuant { .. } => "UNSUPPORTED_QUANTIZATION",
+            Error::Tensor { .. } => "INVALID_TENSOR",
+            Error::InvalidOption { .. } => "INVALID_OPTION",
+            Error::InvalidPrompt(_) => "INVALID_PROMPT",
+            Error::Tokenizer(_) => "TOKENIZER_ERROR",
+            Error::Template(_) => "TEMPLATE_ERROR",
+            Error::Download(_) => "DOWNLOAD_FAILED",
+            Error::EngineClosed => "ENGINE_CLOSED",
+            Error::ModelDisposed => "MODEL_DISPOSED",
+            Error::Mlx(_) => "MLX_ERROR",
+            Error::Io { .. } => "IO_ERROR",
+        }
+    }
+
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+
+    pub fn option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOption { option, reason: reason.into() }
+    }
+
+    pub fn weights(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::InvalidWeights { path: path.into(), reason: reason.into() }
+    }
+
+    pub fn config(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::InvalidConfig { path: path.into(), reason: reason.into() }
+    }
+
+    pub fn tensor(tensor: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Tensor { tensor: tensor.into(), reason: reason.into() }
+    }
+}
+
+impl From<mlx_rs::error::Exception> for Error {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        Error::Mlx(e.what().to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,34 @@
+//! Moving data between host memory and MLX arrays.
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{Error, Result};
+
+/// Copies raw little-endian tensor bytes into a new MLX array.
+pub fn array_from_bytes(name: &str, bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+    let count: i64 = shape.iter().map(|&d| d as i64).product();
+    let expected = count as usize * dtype_size(dtype);
+    if bytes.len() != expected {
+        return Err(Error::tensor(
+            name,
+            format!("shape {shape:?} of {dtype:?} needs {expected} bytes, found {}", bytes.len()),
+        ));
+    }
+    // SAFETY: the length was checked above; MLX copies the buffer before returning.
+    Ok(unsafe { Array::from_raw_data(bytes.as_ptr().cast(), shape, dtype) })
+}
+
+pub fn dtype_size(dtype: Dtype) -> usize {
+    match dtype {
+        Dtype::Bool | Dtype::Uint8 | Dtype::Int8 => 1,
+        Dtype::Uint16 | Dtype::Int16 | Dtype::Float16 | Dtype::Bfloat16 => 2,
+        Dtype::Uint32 | Dtype::Int32 | Dtype::Float32 => 4,
+        Dtype::Uint64 | Dtype::Int64 | Dtype::Float64 | Dtype::Complex64 => 8,
+    }
+}
+
+/// Evaluates `a` as f32 and copies it out.
+pub fn to_f32_vec(a: &Array) -> Result<Vec<f32>> {
+    let a = a.as_dtype(Dtype::Float32)?;
+    a.eval()?;
+    Ok(a.as_slice::<f32>().to_vec())
+}

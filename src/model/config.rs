@@ -1,0 +1,300 @@
+//! `config.json` as the model code needs it, with mlx-lm's defaults, plus the quantization block.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// Where the config came from (a config.json or a GGUF file); used in error messages.
+    pub source: PathBuf,
+    pub model_type: String,
+    pub architectures: Vec<String>,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub vocab_size: usize,
+    pub rope_theta: f32,
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    pub eos_token_ids: Vec<u32>,
+    pub torch_dtype: Option<String>,
+    pub quantization: Option<Quantization>,
+    pub raw: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    Linear { factor: f32 },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: f32 },
+}
+
+/// MLX affine quantization: a default plus per-module overrides (`false` = not quantized).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantization {
+    pub group_size: i32,
+    pub bits: i32,
+    pub per_layer: BTreeMap<String, Option<QuantParams>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantParams {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl Quantization {
+    /// Parameters for the module at `path` (e.g. `model.embed_tokens`), `None` if it stays dense.
+    pub fn params_for(&self, path: &str) -> Option<QuantParams> {
+        match self.per_layer.get(path) {
+            Some(p) => *p,
+            None => Some(QuantParams { group_size: self.group_size, bits: self.bits }),
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        if !dir.exists() {
+            return Err(Error::ModelNotFound(dir.to_path_buf()));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let raw: Value =
+            serde_json::from_str(&text).map_err(|e| Error::config(&path, e.to_string()))?;
+        Self::from_value(raw, path)
+    }
+
+    pub fn from_value(raw: Value, source: PathBuf) -> Result<Self> {
+        let f = Fields { raw: &raw, source: &source };
+        let model_type = f.str("model_type")?;
+        let hidden_size = f.usize("hidden_size")?;
+        let num_attention_heads = f.usize("num_attention_heads")?;
+        if num_attention_heads == 0 || hidden_size == 0 {
+            return Err(Error::config(&source, "hidden_size and num_attention_heads must be > 0"));
+        }
+        let num_key_value_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            return Err(Error::config(
+                &source,
+                format!("num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}"),
+            ));
+        }
+        let head_dim = f.opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let cfg = ModelConfig {
+            architectures: raw
+                .get("architectures")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default(),
+            hidden_size,
+            num_hidden_layers: f.usize("num_hidden_layers")?,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: f.opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+            vocab_size: f.usize("vocab_size")?,
+            rope_theta: f.opt_f32("rope_theta")?.unwrap_or(10000.0),
+            rope_traditional: raw.get("rope_traditional").and_then(Value::as_bool).unwrap_or(false),
+            rope_scaling: rope_scaling(&raw, &source)?,
+            max_position_embeddings: f.opt_usize("max_position_embeddings")?,
+            tie_word_embeddings: raw.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true),
+            attention_bias: raw.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            mlp_bias: raw.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
+            eos_token_ids: token_ids(raw.get("eos_token_id")),
+            torch_dtype: raw.get("torch_dtype").and_then(Value::as_str).map(str::to_owned),
+            quantization: quantization(&raw, &source)?,
+            model_type,
+            source,
+            raw,
+        };
+        Ok(cfg)
+    }
+}
+
+/// Reads `eos_token_id`-style fields: an integer or a list of integers.
+pub fn token_ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_u64().map(|n| n as u32)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+struct Fields<'a> {
+    raw: &'a Value,
+    source: &'a Path,
+}
+
+impl Fields<'_> {
+    fn missing(&self, key: &str) -> Error {
+        Error::config(self.source, format!("missing required field '{key}'"))
+    }
+    fn wrong(&self, key: &str, want: &str) -> Error {
+        Error::config(self.source, format!("field '{key}' must be {want}"))
+    }
+    fn str(&self, key: &str) -> Result<String> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Err(self.missing(key)),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(self.wrong(key, "a string")),
+        }
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| self.wrong(key, "a non-negative integer")),
+        }
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
+    }
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(|n| Some(n as f32)).ok_or_else(|| self.wrong(key, "a number")),
+        }
+    }
+}
+
+fn rope_scaling(raw: &Value, source: &Path) -> Result<Option<RopeScaling>> {
+    let Some(s) = raw.get("rope_scaling").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |k: &str, default: Option<f32>| -> Result<f32> {
+        s.get(k)
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .or(default)
+            .ok_or_else(|| Error::config(source, format!("rope_scaling.{k} is required for rope_type '{kind}'")))
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor", None)? })),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: num("factor", None)?,
+            low_freq_factor: num("low_freq_factor", Some(1.0))?,
+            high_freq_factor: num("high_freq_factor", Some(4.0))?,
+            original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?,
+        })),
+        other => Err(Error::config(source, format!("unsupported rope_scaling type '{other}'"))),
+    }
+}
+
+fn quantization(raw: &Value, source: &Path) -> Result<Option<Quantization>> {
+    let Some(q) = raw.get("quantization").or_else(|| raw.get("quantization_config")).filter(|v| !v.is_null())
+    else {
+        return Ok(None);
+    };
+    #[derive(Deserialize)]
+    struct Params {
+        group_size: i32,
+        bits: i32,
+    }
+    let obj = q.as_object().ok_or_else(|| Error::config(source, "quantization must be an object"))?;
+    let get = |k: &str| obj.get(k).and_then(Value::as_i64).map(|v| v as i32);
+    let (Some(group_size), Some(bits)) = (get("group_size"), get("bits")) else {
+        return Err(Error::config(source, "quantization needs group_size and bits"));
+    };
+    if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
+        if mode != "affine" {
+            return Err(Error::config(source, format!("quantization mode '{mode}' is not supported (only affine)")));
+        }
+    }
+    let mut per_layer = BTreeMap::new();
+    for (k, v) in obj {
+        match v {
+            Value::Bool(false) => {
+                per_layer.insert(k.clone(), None);
+            }
+            Value::Object(_) => {
+                let p: Params = serde_json::from_value(v.clone())
+                    .map_err(|e| Error::config(source, format!("quantization.{k}: {e}")))?;
+                per_layer.insert(k.clone(), Some(QuantParams { group_size: p.group_size, bits: p.bits }));
+            }
+            _ => {}
+        }
+    }
+    Ok(Some(Quantization { group_size, bits, per_layer }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn smol() -> Value {
+        json!({
+            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
+            "num_hidden_layers": 30, "intermediate_size": 1536, "num_attention_heads": 9,
+            "num_key_value_heads": 3, "rms_norm_eps": 1e-5, "vocab_size": 49152,
+            "rope_theta": 100000.0, "tie_word_embeddings": true, "eos_token_id": 2
+        })
+    }
+
+    #[test]
+    fn parses_smollm2_config_with_defaults() {
+        let c = ModelConfig::from_value(smol(), "config.json".into()).unwrap();
+        assert_eq!(c.head_dim, 64);
+        assert_eq!(c.num_key_value_heads, 3);
+        assert_eq!(c.eos_token_ids, vec![2]);
+        assert!(c.tie_word_embeddings);
+        assert_eq!(c.rope_scaling, None);
+        assert!(c.quantization.is_none());
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let mut v = smol();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        let e = ModelConfig::from_value(v, "x/config.json".into()).unwrap_err();
+        assert_eq!(e.code(), "INVALID_CONFIG");
+        assert!(e.to_string().contains("'hidden_size'"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_and_bad_head_split_are_rejected() {
+        let mut v = smol();
+        v["num_hidden_layers"] = json!("thirty");
+        assert!(ModelConfig::from_value(v, "c".into()).unwrap_err().to_string().contains("num_hidden_layers"));
+        let mut v = smol();
+        v["num_key_value_heads"] = json!(4);
+        assert!(ModelConfig::from_value(v, "c".into()).unwrap_err().to_string().contains("multiple"));
+    }
+
+    #[test]
+    fn quantization_default_and_overrides() {
+        let mut v = smol();
+        v["quantization"] = json!({"group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}, "lm_head": false});
+        let q = ModelConfig::from_value(v, "c".into()).unwrap().quantization.unwrap();
+        assert_eq!(q.params_for("model.layers.0.mlp.up_proj"), Some(QuantParams { group_size: 32, bits: 4 }));
+        assert_eq!(q.params_for("model.embed_tokens"), Some(QuantParams { group_size: 32, bits: 8 }));
+        assert_eq!(q.params_for("lm_head"), None);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_and_eos_lists() {
+        let mut v = smol();
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 32.0, "original_max_position_embeddings": 8192});
+        v["eos_token_id"] = json!([128001, 128008, 128009]);
+        let c = ModelConfig::from_value(v, "c".into()).unwrap();
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, .. }) if factor == 32.0 && low_freq_factor == 1.0 && high_freq_factor == 4.0));
+        let mut v = smol();
+        v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
+        assert!(ModelConfig::from_value(v, "c".into()).unwrap_err().to_string().contains("yarn"));
+    }
+}

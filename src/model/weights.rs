@@ -1,0 +1,284 @@
+//! Tensor sources: safetensors folders (single file or sharded) and GGUF files. Opening parses and
+//! validates headers only, touching no MLX; `array()` makes an MLX array on the engine thread.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use mlx_rs::{Array, Dtype};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::mlx::host::array_from_bytes;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    U32,
+    U8,
+    I32,
+}
+
+impl DType {
+    pub fn mlx(self) -> Dtype {
+        match self {
+            DType::F32 => Dtype::Float32,
+            DType::F16 => Dtype::Float16,
+            DType::BF16 => Dtype::Bfloat16,
+            DType::U32 => Dtype::Uint32,
+            DType::U8 => Dtype::Uint8,
+            DType::I32 => Dtype::Int32,
+        }
+    }
+
+    pub fn from_mlx(d: Dtype) -> Option<Self> {
+        Some(match d {
+            Dtype::Float32 => DType::F32,
+            Dtype::Float16 => DType::F16,
+            Dtype::Bfloat16 => DType::BF16,
+            Dtype::Uint32 => DType::U32,
+            Dtype::Uint8 => DType::U8,
+            Dtype::Int32 => DType::I32,
+            _ => return None,
+        })
+    }
+
+    fn from_safetensors(d: safetensors::Dtype) -> Option<Self> {
+        use safetensors::Dtype as S;
+        Some(match d {
+            S::F32 => DType::F32,
+            S::F16 => DType::F16,
+            S::BF16 => DType::BF16,
+            S::U32 => DType::U32,
+            S::U8 => DType::U8,
+            S::I32 => DType::I32,
+            _ => return None,
+        })
+    }
+
+    pub fn safetensors(self) -> safetensors::Dtype {
+        use safetensors::Dtype as S;
+        match self {
+            DType::F32 => S::F32,
+            DType::F16 => S::F16,
+            DType::BF16 => S::BF16,
+            DType::U32 => S::U32,
+            DType::U8 => S::U8,
+            DType::I32 => S::I32,
+        }
+    }
+}
+
+/// Where a tensor's bytes live: a span of a memory-mapped file, or a buffer made at open time
+/// (GGUF blocks repacked into MLX's layout).
+#[derive(Clone)]
+enum Bytes {
+    Mapped { file: Arc<Mmap>, start: usize, end: usize },
+    Owned(Arc<Vec<u8>>),
+}
+
+#[derive(Clone)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    bytes: Bytes,
+}
+
+impl Tensor {
+    pub fn owned(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Self {
+        Tensor { dtype, shape, bytes: Bytes::Owned(Arc::new(bytes)) }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped { file, start, end } => &file[*start..*end],
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    Safetensors,
+    Gguf,
+}
+
+#[derive(Clone)]
+pub struct Weights {
+    pub path: PathBuf,
+    pub format: WeightFormat,
+    tensors: BTreeMap<String, Tensor>,
+}
+
+impl Weights {
+    pub fn from_tensors(path: PathBuf, format: WeightFormat, tensors: BTreeMap<String, Tensor>) -> Self {
+        Weights { path, format, tensors }
+    }
+
+    /// Opens every `*.safetensors` file of a model folder (one file or a sharded set).
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::ModelNotFound(dir.to_path_buf()));
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::weights(dir, "no *.safetensors files"));
+        }
+        let mut tensors = BTreeMap::new();
+        for path in &files {
+            read_safetensors(path, &mut tensors)?;
+        }
+        check_shard_index(dir, &tensors)?;
+        Ok(Weights { path: dir.to_path_buf(), format: WeightFormat::Safetensors, tensors })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.bytes().len()).sum()
+    }
+
+    /// A new MLX array holding a copy of tensor `name`. Call on the engine thread only.
+    pub fn array(&self, name: &str) -> Result<Array> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::tensor(name, format!("missing from {}", self.path.display())))?;
+        let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+        array_from_bytes(name, t.bytes(), &shape, t.dtype.mlx())
+    }
+
+    /// Like `array`, checking the shape first so a mismatch names the tensor.
+    pub fn array_shaped(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        if let Some(t) = self.tensors.get(name) {
+            if t.shape != shape {
+                return Err(Error::tensor(name, format!("expected shape {shape:?}, found {:?}", t.shape)));
+            }
+        }
+        self.array(name)
+    }
+}
+
+fn read_safetensors(path: &Path, out: &mut BTreeMap<String, Tensor>) -> Result<()> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: model files are not expected to change while mapped; a concurrent writer could only
+    // corrupt the tensor values, which are copied into MLX before use.
+    let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
+        .map_err(|e| Error::weights(path, format!("not a valid safetensors file ({e})")))?;
+    let base = 8 + header_len;
+    for (name, info) in meta.tensors() {
+        let dtype = DType::from_safetensors(info.dtype)
+            .ok_or_else(|| Error::tensor(&name, format!("unsupported dtype {:?}", info.dtype)))?;
+        let (start, end) = (base + info.data_offsets.0, base + info.data_offsets.1);
+        if end > map.len() {
+            return Err(Error::weights(
+                path,
+                format!("truncated: tensor {name} ends at byte {end} but the file has {} bytes", map.len()),
+            ));
+        }
+        let tensor = Tensor { dtype, shape: info.shape.clone(), bytes: Bytes::Mapped { file: map.clone(), start, end } };
+        out.insert(name, tensor);
+    }
+    Ok(())
+}
+
+/// A sharded folder's index names every tensor and its file; a missing shard must not pass as a
+/// smaller model.
+fn check_shard_index(dir: &Path, tensors: &BTreeMap<String, Tensor>) -> Result<()> {
+    let index = dir.join("model.safetensors.index.json");
+    let Ok(text) = std::fs::read_to_string(&index) else { return Ok(()) };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::weights(&index, e.to_string()))?;
+    let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
+        return Err(Error::weights(&index, "no weight_map"));
+    };
+    for (name, file) in map {
+        if !tensors.contains_key(name) {
+            return Err(Error::weights(
+                &index,
+                format!("tensor {name} is listed in {} but missing", file.as_str().unwrap_or("?")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_st(path: &Path, tensors: &[(&str, DType, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(d.safetensors(), s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    #[test]
+    fn opens_sharded_folder_and_checks_index() {
+        let dir = tempdir("shards");
+        write_st(&dir.join("model-00001-of-00002.safetensors"), &[("a", DType::F32, vec![2], vec![0; 8])]);
+        write_st(&dir.join("model-00002-of-00002.safetensors"), &[("b", DType::BF16, vec![2, 2], vec![0; 8])]);
+        let w = Weights::open_dir(&dir).unwrap();
+        assert_eq!(w.names().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(w.get("b").unwrap().shape, vec![2, 2]);
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "c": "model-00003-of-00003.safetensors"}}"#,
+        )
+        .unwrap();
+        let e = Weights::open_dir(&dir).err().unwrap();
+        assert!(e.to_string().contains("tensor c"), "{e}");
+    }
+
+    #[test]
+    fn truncated_file_is_a_typed_error() {
+        let dir = tempdir("trunc");
+        let p = dir.join("model.safetensors");
+        write_st(&p, &[("w", DType::F32, vec![64], vec![1; 256])]);
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 100]).unwrap();
+        let e = Weights::open_dir(&dir).err().unwrap();
+        assert_eq!(e.code(), "INVALID_WEIGHTS");
+        std::fs::write(&p, b"garbage").unwrap();
+        assert_eq!(Weights::open_dir(&dir).err().unwrap().code(), "INVALID_WEIGHTS");
+        assert_eq!(Weights::open_dir(&dir.join("nope")).err().unwrap().code(), "MODEL_NOT_FOUND");
+    }
+
+    pub(crate) fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mlx-bun-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
