@@ -3,7 +3,9 @@
 use std::path::Path;
 
 fn main() {
-    napi_build::setup();
+    if std::env::var_os("CARGO_FEATURE_NODE").is_some() {
+        napi_build::setup();
+    }
     println!("cargo:rerun-if-env-changed=MLX_BUN_BLAS");
     let macos = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
     // Shipped layout: the runtime sits next to the .node / binary in `mlx/lib` (wheel layout).

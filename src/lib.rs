@@ -1,7 +1,12 @@
 //! mlx-bun native: an LLM inference engine on MLX, exposed to Node and Bun through napi-rs.
 pub mod cache;
+pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod mlx;
 pub mod model;
+#[cfg(feature = "node")]
+pub mod napi;
+pub mod pull;
 pub mod sample;
+pub mod tokenizer;

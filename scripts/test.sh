@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit tests, then the JS suites under Node and under Bun, against real
+# SmolLM2 weights and mlx-lm 0.32.2 references (scripts/fixtures.sh). Installs what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/fixtures.sh
+FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
+echo "== cargo test"
+MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  cargo test --release -q --no-default-features --features cli -- --include-ignored
+echo "== node --test"
+node --test __test__/
+echo "== bun test"
+node_modules/.bin/bun test --timeout 600000 __test__/

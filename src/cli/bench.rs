@@ -1,0 +1,60 @@
+//! `mlx-bun bench`: prefill and decode speed, time to first token and peak RSS for one model, as
+//! one JSON line (scripts/bench.py runs it beside mlx-lm and prints the ratios).
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::engine::{Engine, Event, GenerateStats};
+use crate::error::{Error, Result};
+use crate::model::open_source;
+use crate::sample::GenerateOptions;
+
+pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32) -> Result<()> {
+    let (weights, config) = open_source(path)?;
+    let vocab = config.vocab_size as u32;
+    let engine = Engine::get();
+    let model = engine.load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
+    // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
+    let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
+    let run = |max_tokens: u32| -> Result<GenerateStats> {
+        let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), ..Default::default() };
+        let mut events = engine.generate(model, prompt.clone(), opts).events;
+        while let Some(e) = events.blocking_recv() {
+            match e {
+                Event::Token { .. } => {}
+                Event::Done { stats, .. } => return Ok(stats),
+                Event::Failed(e) => return Err(e),
+            }
+        }
+        Err(Error::EngineClosed)
+    };
+    run(8)?;
+    let runs: Vec<GenerateStats> = (0..repeats).map(|_| run(gen_tokens)).collect::<Result<_>>()?;
+    let series = |f: fn(&GenerateStats) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        json!({"min": v[0], "median": v[v.len() / 2], "max": v[v.len() - 1]})
+    };
+    let out = json!({
+        "engine": "mlx-bun",
+        "model": path,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "prefill_tps": series(|s| s.prefill_tps),
+        "decode_tps": series(|s| s.decode_tps),
+        "ttft_ms": series(|s| s.prefill_ms),
+        "peak_rss_mb": peak_rss_mb(),
+    });
+    println!("{out}");
+    engine.unload(model);
+    Ok(())
+}
+
+fn peak_rss_mb() -> f64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    // Linux reports KiB, macOS bytes.
+    let kib = if cfg!(target_os = "macos") { usage.ru_maxrss as f64 / 1024.0 } else { usage.ru_maxrss as f64 };
+    kib / 1024.0
+}

@@ -1,0 +1,31 @@
+//! The JavaScript boundary: conversions between JS values and the Rust core, nothing else.
+//! Errors cross as `"CODE: message"`; index.js turns the prefix into `err.code`.
+mod convert;
+mod generation;
+mod model;
+mod tokenizer;
+mod tools;
+
+use std::sync::Once;
+
+use crate::error::Error;
+use crate::mlx::gate;
+
+pub(crate) fn js_error(e: Error) -> napi::Error {
+    napi::Error::from_reason(format!("{}: {e}", e.code()))
+}
+
+pub(crate) type JsResult<T> = napi::Result<T>;
+
+/// Called by index.js when it loads the addon. Node runs env cleanup hooks on a natural exit
+/// (and `atexit` handlers on `process.exit()`, registered by the engine); both close the exit
+/// gate so MLX is idle while its statics are destroyed.
+#[napi_derive::napi]
+pub fn install_exit_hook(env: napi::Env) -> napi::Result<()> {
+    static HOOK: Once = Once::new();
+    let mut result = Ok(());
+    HOOK.call_once(|| {
+        result = env.add_env_cleanup_hook((), |_| gate::close()).map(|_| ());
+    });
+    result
+}

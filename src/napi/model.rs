@@ -1,0 +1,215 @@
+//! Model loading for JavaScript: `loadModelConfig`, `Weights`, `createModel`, `loadModel` and the
+//! `Model` handle. MLX work happens on the engine thread; these only parse, convert and forward.
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use napi::bindgen_prelude::{Either, Float32Array, Uint32Array, Uint8Array};
+use napi_derive::napi;
+use serde_json::{json, Value};
+
+use super::convert::{prompt_tokens, GenerateOptionsJs};
+use super::generation::NativeGeneration;
+use super::{js_error, JsResult};
+use crate::engine::{Engine, ModelId};
+use crate::error::Error;
+use crate::model::config::ModelConfig;
+use crate::model::open_source;
+use crate::model::weights::Weights as CoreWeights;
+use crate::sample::validate_prompt;
+
+/// The config summary mlx-bun's `loadModelConfig` returns.
+pub fn config_json(c: &ModelConfig) -> Value {
+    let quantization = c.quantization.as_ref().map(|q| {
+        let per_layer: serde_json::Map<String, Value> = q
+            .per_layer
+            .iter()
+            .map(|(k, v)| (k.clone(), v.map_or(Value::Bool(false), |p| json!({"bits": p.bits, "groupSize": p.group_size}))))
+            .collect();
+        json!({"default": {"bits": q.bits, "groupSize": q.group_size, "mode": "affine"}, "perLayer": per_layer})
+    });
+    let dir = if c.source.is_file() && c.source.file_name().is_some_and(|n| n == "config.json") {
+        c.source.parent().unwrap_or(&c.source).to_path_buf()
+    } else {
+        c.source.clone()
+    };
+    json!({
+        "modelDir": dir,
+        "modelType": c.model_type,
+        "architectures": c.architectures,
+        "dtype": c.torch_dtype,
+        "vocabSize": c.vocab_size,
+        "quantization": quantization,
+        "kvQuant": null,
+        "hasVisionSidecar": false,
+        "eosTokenIds": c.eos_token_ids,
+        "raw": c.raw,
+    })
+}
+
+/// Reads a model's configuration from a folder's config.json or a GGUF file's metadata.
+#[napi]
+pub fn load_model_config(path: String) -> JsResult<Value> {
+    let path = PathBuf::from(path);
+    let config = if path.is_file() {
+        open_source(&path).map(|(_, c)| c)
+    } else {
+        ModelConfig::load(&path)
+    };
+    config.map(|c| config_json(&c)).map_err(js_error)
+}
+
+#[napi(object)]
+pub struct TensorInfo {
+    pub dtype: String,
+    pub shape: Vec<u32>,
+}
+
+#[napi(object)]
+pub struct TensorData {
+    pub dtype: String,
+    pub shape: Vec<u32>,
+    /// Raw little-endian bytes.
+    pub data: Uint8Array,
+}
+
+/// The tensors of a model folder or GGUF file, opened without loading them into MLX.
+#[napi]
+pub struct Weights {
+    inner: Option<(CoreWeights, ModelConfig)>,
+}
+
+impl Weights {
+    fn get(&self) -> JsResult<&(CoreWeights, ModelConfig)> {
+        self.inner.as_ref().ok_or_else(|| js_error(Error::option("weights", "this Weights has been disposed")))
+    }
+}
+
+#[napi]
+impl Weights {
+    #[napi]
+    pub fn open(path: String) -> JsResult<Weights> {
+        open_source(Path::new(&path)).map(|w| Weights { inner: Some(w) }).map_err(js_error)
+    }
+
+    #[napi(getter)]
+    pub fn tensor_names(&self) -> JsResult<Vec<String>> {
+        Ok(self.get()?.0.names().map(str::to_owned).collect())
+    }
+
+    #[napi]
+    pub fn has(&self, name: String) -> JsResult<bool> {
+        Ok(self.get()?.0.has(&name))
+    }
+
+    #[napi]
+    pub fn info(&self, name: String) -> JsResult<Option<TensorInfo>> {
+        Ok(self.get()?.0.get(&name).map(|t| TensorInfo { dtype: dtype_name(t.dtype), shape: shape(&t.shape) }))
+    }
+
+    #[napi]
+    pub fn tensor(&self, name: String) -> JsResult<TensorData> {
+        let t = self.get()?.0.get(&name).ok_or_else(|| js_error(Error::tensor(&name, "not in these weights")))?;
+        Ok(TensorData { dtype: dtype_name(t.dtype), shape: shape(&t.shape), data: Uint8Array::new(t.bytes().to_vec()) })
+    }
+
+    #[napi]
+    pub fn dispose(&mut self) {
+        self.inner = None;
+    }
+}
+
+fn dtype_name(d: crate::model::weights::DType) -> String {
+    serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+fn shape(s: &[usize]) -> Vec<u32> {
+    s.iter().map(|&d| d as u32).collect()
+}
+
+/// A model resident on the engine thread.
+#[napi]
+pub struct Model {
+    id: ModelId,
+    config: ModelConfig,
+    disposed: AtomicBool,
+}
+
+async fn load(weights: CoreWeights, config: ModelConfig) -> JsResult<Model> {
+    let id = Engine::get()
+        .load(weights, config.clone())
+        .await
+        .map_err(|_| js_error(Error::EngineClosed))?
+        .map_err(js_error)?;
+    Ok(Model { id, config, disposed: AtomicBool::new(false) })
+}
+
+/// Builds the model for `weights` on the engine thread. `config` (from `loadModelConfig`)
+/// overrides the configuration found beside the weights.
+#[napi]
+pub async fn create_model(weights: &Weights, config: Option<Value>) -> JsResult<Model> {
+    let (w, c) = weights.get()?.clone();
+    let c = match config {
+        Some(v) => {
+            let raw = v.get("raw").cloned().unwrap_or(v);
+            ModelConfig::from_value(raw, c.source.clone()).map_err(js_error)?
+        }
+        None => c,
+    };
+    load(w, c).await
+}
+
+/// Opens and loads a model folder or GGUF file in one step.
+#[napi]
+pub async fn load_model(path: String) -> JsResult<Model> {
+    let (w, c) = open_source(Path::new(&path)).map_err(js_error)?;
+    load(w, c).await
+}
+
+#[napi]
+impl Model {
+    #[napi(getter)]
+    pub fn config(&self) -> Value {
+        config_json(&self.config)
+    }
+
+    fn live(&self) -> JsResult<ModelId> {
+        if self.disposed.load(Ordering::Acquire) {
+            return Err(js_error(Error::ModelDisposed));
+        }
+        Ok(self.id)
+    }
+
+    /// Starts a generation; options are validated before this returns.
+    #[napi]
+    pub fn generate(&self, prompt: Either<Uint32Array, Vec<f64>>, options: Option<GenerateOptionsJs>) -> JsResult<NativeGeneration> {
+        let id = self.live()?;
+        let prompt = prompt_tokens(prompt).map_err(js_error)?;
+        let opts = options.unwrap_or_default().into_options().map_err(js_error)?;
+        validate_prompt(&prompt, self.config.vocab_size).map_err(js_error)?;
+        opts.validate(self.config.vocab_size).map_err(js_error)?;
+        Ok(NativeGeneration::new(Engine::get().generate(id, prompt, opts)))
+    }
+
+    /// Last-position logits of one forward pass over `prompt` on a fresh cache.
+    #[napi]
+    pub async fn logits(&self, prompt: Either<Uint32Array, Vec<f64>>) -> JsResult<Float32Array> {
+        let id = self.live()?;
+        let prompt = prompt_tokens(prompt).map_err(js_error)?;
+        let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineClosed))?.map_err(js_error)?;
+        Ok(Float32Array::new(v))
+    }
+
+    /// Frees the weights on the engine thread once running generations finish.
+    #[napi]
+    pub fn dispose(&self) {
+        if !self.disposed.swap(true, Ordering::AcqRel) {
+            Engine::get().unload(self.id);
+        }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        self.dispose();
+    }
+}

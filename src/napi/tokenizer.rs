@@ -1,0 +1,137 @@
+//! Tokenizer, chat template and streaming detokenizer for JavaScript.
+use napi::bindgen_prelude::{Either, Uint32Array};
+use napi_derive::napi;
+use serde_json::Value;
+
+use super::convert::prompt_tokens;
+use super::{js_error, JsResult};
+use crate::tokenizer::detok::StreamDecoder as CoreDecoder;
+use crate::tokenizer::template::RenderOptions;
+use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
+
+#[napi]
+pub struct Tokenizer {
+    inner: CoreTokenizer,
+}
+
+/// Loads the tokenizer of a model folder (tokenizer.json) or GGUF file (its metadata).
+#[napi]
+pub fn load_tokenizer_native(path: String) -> JsResult<Tokenizer> {
+    let (inner, _) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
+    Ok(Tokenizer { inner })
+}
+
+#[napi]
+impl Tokenizer {
+    #[napi]
+    pub fn encode(&self, text: String, add_special_tokens: Option<bool>) -> JsResult<Uint32Array> {
+        self.inner.encode(&text, add_special_tokens.unwrap_or(true)).map(Uint32Array::new).map_err(js_error)
+    }
+
+    #[napi]
+    pub fn decode(&self, ids: Either<Uint32Array, Vec<f64>>, skip_special_tokens: Option<bool>) -> JsResult<String> {
+        let ids = prompt_tokens(ids).map_err(js_error)?;
+        self.inner.decode(&ids, skip_special_tokens.unwrap_or(false)).map_err(js_error)
+    }
+
+    #[napi]
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    #[napi]
+    pub fn token_to_id(&self, token: String) -> Option<u32> {
+        self.inner.token_to_id(&token)
+    }
+
+    #[napi(getter)]
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos_token_id()
+    }
+
+    #[napi(getter)]
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.inner.eos_token_ids().to_vec()
+    }
+
+    #[napi(getter)]
+    pub fn vocab_size(&self) -> u32 {
+        self.inner.vocab_size() as u32
+    }
+
+    /// A detokenizer that turns tokens into text as they arrive, never splitting a character.
+    #[napi]
+    pub fn create_decoder(&self, skip_special_tokens: Option<bool>) -> StreamDecoder {
+        StreamDecoder { inner: CoreDecoder::new(&self.inner, skip_special_tokens.unwrap_or(true)) }
+    }
+}
+
+#[napi]
+pub struct StreamDecoder {
+    inner: CoreDecoder,
+}
+
+#[napi]
+impl StreamDecoder {
+    /// Text completed by these tokens (possibly empty while a character is incomplete).
+    #[napi]
+    pub fn push(&mut self, ids: Either<Uint32Array, Vec<f64>>) -> JsResult<String> {
+        let ids = prompt_tokens(ids).map_err(js_error)?;
+        let mut text = String::new();
+        for id in ids {
+            text.push_str(&self.inner.push(id).map_err(js_error)?);
+        }
+        Ok(text)
+    }
+
+    /// Whatever text is still held back.
+    #[napi]
+    pub fn flush(&mut self) -> JsResult<String> {
+        self.inner.finish().map_err(js_error)
+    }
+}
+
+#[napi(object)]
+pub struct RenderOptionsJs {
+    pub add_generation_prompt: Option<bool>,
+    pub tools: Option<Value>,
+    /// Extra template variables (e.g. `enable_thinking`).
+    pub extra: Option<serde_json::Map<String, Value>>,
+}
+
+#[napi]
+pub struct ChatTemplate {
+    inner: CoreTemplate,
+}
+
+#[napi]
+impl ChatTemplate {
+    /// The model's own template from a folder (tokenizer_config.json or chat_template.jinja) or a
+    /// GGUF file; `null` when the model has none.
+    #[napi]
+    pub fn load(path: String) -> JsResult<Option<ChatTemplate>> {
+        let (_, template) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
+        Ok(template.map(|inner| ChatTemplate { inner }))
+    }
+
+    #[napi]
+    pub fn from_string(source: String, bos_token: Option<String>, eos_token: Option<String>) -> JsResult<ChatTemplate> {
+        CoreTemplate::new(source, bos_token, eos_token).map(|inner| ChatTemplate { inner }).map_err(js_error)
+    }
+
+    #[napi]
+    pub fn render(&self, messages: Value, options: Option<RenderOptionsJs>) -> JsResult<String> {
+        let mut opts = RenderOptions::default();
+        if let Some(o) = options {
+            opts.add_generation_prompt = o.add_generation_prompt.unwrap_or(true);
+            opts.tools = o.tools.filter(|t| !t.is_null());
+            opts.extra = o.extra.unwrap_or_default();
+        }
+        self.inner.render(&messages, &opts).map_err(js_error)
+    }
+
+    #[napi(getter)]
+    pub fn source(&self) -> String {
+        self.inner.source().to_owned()
+    }
+}
