@@ -52,16 +52,23 @@ function wrap(fn) {
   }
 }
 
-// Native classes and functions throw coded errors; map them at the source, once.
+// Native methods throw coded errors; map them at the source, once.
 for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeGeneration]) {
-  for (const target of [cls, cls.prototype]) {
-    for (const key of Object.getOwnPropertyNames(target)) {
-      const d = Object.getOwnPropertyDescriptor(target, key)
-      if (key !== 'constructor' && typeof d.value === 'function') {
-        Object.defineProperty(target, key, { ...d, value: wrap(d.value) })
-      }
+  for (const key of Object.getOwnPropertyNames(cls.prototype)) {
+    const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
+    if (key !== 'constructor' && typeof d.value === 'function') {
+      Object.defineProperty(cls.prototype, key, { ...d, value: wrap(d.value) })
     }
   }
+}
+
+// Static factories are not redefinable on native classes; expose mapped ones on subclasses.
+class Weights extends native.Weights {
+  static open = wrap((path) => native.Weights.open(path))
+}
+class ChatTemplate extends native.ChatTemplate {
+  static load = wrap((path) => native.ChatTemplate.load(path))
+  static fromString = wrap((source, bosToken, eosToken) => native.ChatTemplate.fromString(source, bosToken, eosToken))
 }
 
 /**
@@ -152,10 +159,10 @@ module.exports = {
   defaultModelPath: native.defaultModelPath,
   convert: wrap(native.convert),
   runCli: wrap(native.runCli),
-  Weights: native.Weights,
+  Weights,
   Model: native.Model,
   Tokenizer: native.Tokenizer,
   StreamDecoder: native.StreamDecoder,
-  ChatTemplate: native.ChatTemplate,
+  ChatTemplate,
   mapError,
 }

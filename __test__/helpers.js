@@ -59,7 +59,7 @@ function makeTinyLlama(dir, seed = 1) {
   const r = rng(seed)
   const rand = (shape, scale = 0.08) => ({ shape, data: Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => (r() * 2 - 1) * scale) })
   const ones = (n) => ({ shape: [n], data: new Float32Array(n).fill(1) })
-  const t = { 'model.embed_tokens.weight': rand([vocab, hidden], 1), 'model.norm.weight': ones(hidden) }
+  const t = { 'model.embed_tokens.weight': rand([vocab, hidden], 0.3), 'model.norm.weight': ones(hidden) }
   for (let i = 0; i < layers; i++) {
     const p = `model.layers.${i}`
     Object.assign(t, {

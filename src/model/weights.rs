@@ -192,8 +192,13 @@ fn read_safetensors(path: &Path, out: &mut BTreeMap<String, Tensor>) -> Result<(
     // SAFETY: model files are not expected to change while mapped; a concurrent writer could only
     // corrupt the tensor values, which are copied into MLX before use.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
-    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
-        .map_err(|e| Error::weights(path, format!("not a valid safetensors file ({e})")))?;
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| {
+        let reason = match declared_size(&map) {
+            Some(want) if want > map.len() => format!("truncated: the header describes {want} bytes but the file has {}", map.len()),
+            _ => format!("not a valid safetensors file ({e})"),
+        };
+        Error::weights(path, reason)
+    })?;
     let base = 8 + header_len;
     for (name, info) in meta.tensors() {
         let dtype = DType::from_safetensors(info.dtype)
@@ -209,6 +214,19 @@ fn read_safetensors(path: &Path, out: &mut BTreeMap<String, Tensor>) -> Result<(
         out.insert(name, tensor);
     }
     Ok(())
+}
+
+/// The file size a safetensors header promises, if the header itself is readable.
+fn declared_size(bytes: &[u8]) -> Option<usize> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let end = header
+        .as_object()?
+        .values()
+        .filter_map(|t| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    Some(8 + n + end as usize)
 }
 
 /// A sharded folder's index names every tensor and its file; a missing shard must not pass as a

@@ -8,7 +8,7 @@ use napi_derive::napi;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::Mutex;
 
-use super::{js_error, JsResult};
+use super::js_error;
 use crate::engine::{Event, GenerationHandle};
 use crate::sample::logprobs::TokenLogprobs;
 
@@ -60,7 +60,7 @@ fn logprobs_js(l: TokenLogprobs, with_top: bool) -> TokenLogprobsJs {
 impl NativeGeneration {
     /// Waits for the next token(s); `null` once the generation has ended and been reported.
     #[napi]
-    pub async fn next_batch(&self) -> JsResult<Option<Batch>> {
+    pub async fn next_batch(&self) -> napi::Result<Option<Batch>> {
         let mut rx = self.events.lock().await;
         let Some(first) = rx.recv().await else { return Ok(None) };
         let mut tokens = Vec::new();

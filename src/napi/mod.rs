@@ -15,8 +15,6 @@ pub(crate) fn js_error(e: Error) -> napi::Error {
     napi::Error::from_reason(format!("{}: {e}", e.code()))
 }
 
-pub(crate) type JsResult<T> = napi::Result<T>;
-
 /// Called by index.js when it loads the addon. Node runs env cleanup hooks on a natural exit
 /// (and `atexit` handlers on `process.exit()`, registered by the engine); both close the exit
 /// gate so MLX is idle while its statics are destroyed.

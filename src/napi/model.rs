@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::convert::{prompt_tokens, GenerateOptionsJs};
 use super::generation::NativeGeneration;
-use super::{js_error, JsResult};
+use super::js_error;
 use crate::engine::{Engine, ModelId};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
@@ -48,7 +48,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
 
 /// Reads a model's configuration from a folder's config.json or a GGUF file's metadata.
 #[napi]
-pub fn load_model_config(path: String) -> JsResult<Value> {
+pub fn load_model_config(path: String) -> napi::Result<Value> {
     let path = PathBuf::from(path);
     let config = if path.is_file() {
         open_source(&path).map(|(_, c)| c)
@@ -79,7 +79,7 @@ pub struct Weights {
 }
 
 impl Weights {
-    fn get(&self) -> JsResult<&(CoreWeights, ModelConfig)> {
+    fn get(&self) -> napi::Result<&(CoreWeights, ModelConfig)> {
         self.inner.as_ref().ok_or_else(|| js_error(Error::option("weights", "this Weights has been disposed")))
     }
 }
@@ -87,27 +87,27 @@ impl Weights {
 #[napi]
 impl Weights {
     #[napi]
-    pub fn open(path: String) -> JsResult<Weights> {
+    pub fn open(path: String) -> napi::Result<Weights> {
         open_source(Path::new(&path)).map(|w| Weights { inner: Some(w) }).map_err(js_error)
     }
 
     #[napi(getter)]
-    pub fn tensor_names(&self) -> JsResult<Vec<String>> {
+    pub fn tensor_names(&self) -> napi::Result<Vec<String>> {
         Ok(self.get()?.0.names().map(str::to_owned).collect())
     }
 
     #[napi]
-    pub fn has(&self, name: String) -> JsResult<bool> {
+    pub fn has(&self, name: String) -> napi::Result<bool> {
         Ok(self.get()?.0.has(&name))
     }
 
     #[napi]
-    pub fn info(&self, name: String) -> JsResult<Option<TensorInfo>> {
+    pub fn info(&self, name: String) -> napi::Result<Option<TensorInfo>> {
         Ok(self.get()?.0.get(&name).map(|t| TensorInfo { dtype: dtype_name(t.dtype), shape: shape(&t.shape) }))
     }
 
     #[napi]
-    pub fn tensor(&self, name: String) -> JsResult<TensorData> {
+    pub fn tensor(&self, name: String) -> napi::Result<TensorData> {
         let t = self.get()?.0.get(&name).ok_or_else(|| js_error(Error::tensor(&name, "not in these weights")))?;
         Ok(TensorData { dtype: dtype_name(t.dtype), shape: shape(&t.shape), data: Uint8Array::new(t.bytes().to_vec()) })
     }
@@ -134,7 +134,7 @@ pub struct Model {
     disposed: AtomicBool,
 }
 
-async fn load(weights: CoreWeights, config: ModelConfig) -> JsResult<Model> {
+async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> {
     let id = Engine::get()
         .load(weights, config.clone())
         .await
@@ -146,7 +146,7 @@ async fn load(weights: CoreWeights, config: ModelConfig) -> JsResult<Model> {
 /// Builds the model for `weights` on the engine thread. `config` (from `loadModelConfig`)
 /// overrides the configuration found beside the weights.
 #[napi]
-pub async fn create_model(weights: &Weights, config: Option<Value>) -> JsResult<Model> {
+pub async fn create_model(weights: &Weights, config: Option<Value>) -> napi::Result<Model> {
     let (w, c) = weights.get()?.clone();
     let c = match config {
         Some(v) => {
@@ -160,7 +160,7 @@ pub async fn create_model(weights: &Weights, config: Option<Value>) -> JsResult<
 
 /// Opens and loads a model folder or GGUF file in one step.
 #[napi]
-pub async fn load_model(path: String) -> JsResult<Model> {
+pub async fn load_model(path: String) -> napi::Result<Model> {
     let (w, c) = open_source(Path::new(&path)).map_err(js_error)?;
     load(w, c).await
 }
@@ -172,7 +172,7 @@ impl Model {
         config_json(&self.config)
     }
 
-    fn live(&self) -> JsResult<ModelId> {
+    fn live(&self) -> napi::Result<ModelId> {
         if self.disposed.load(Ordering::Acquire) {
             return Err(js_error(Error::ModelDisposed));
         }
@@ -181,7 +181,7 @@ impl Model {
 
     /// Starts a generation; options are validated before this returns.
     #[napi]
-    pub fn generate(&self, prompt: Either<Uint32Array, Vec<f64>>, options: Option<GenerateOptionsJs>) -> JsResult<NativeGeneration> {
+    pub fn generate(&self, prompt: Either<Uint32Array, Vec<f64>>, options: Option<GenerateOptionsJs>) -> napi::Result<NativeGeneration> {
         let id = self.live()?;
         let prompt = prompt_tokens(prompt).map_err(js_error)?;
         let opts = options.unwrap_or_default().into_options().map_err(js_error)?;
@@ -192,7 +192,7 @@ impl Model {
 
     /// Last-position logits of one forward pass over `prompt` on a fresh cache.
     #[napi]
-    pub async fn logits(&self, prompt: Either<Uint32Array, Vec<f64>>) -> JsResult<Float32Array> {
+    pub async fn logits(&self, prompt: Either<Uint32Array, Vec<f64>>) -> napi::Result<Float32Array> {
         let id = self.live()?;
         let prompt = prompt_tokens(prompt).map_err(js_error)?;
         let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineClosed))?.map_err(js_error)?;

@@ -4,7 +4,7 @@ use napi_derive::napi;
 use serde_json::Value;
 
 use super::convert::prompt_tokens;
-use super::{js_error, JsResult};
+use super::js_error;
 use crate::tokenizer::detok::StreamDecoder as CoreDecoder;
 use crate::tokenizer::template::RenderOptions;
 use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
@@ -16,7 +16,7 @@ pub struct Tokenizer {
 
 /// Loads the tokenizer of a model folder (tokenizer.json) or GGUF file (its metadata).
 #[napi]
-pub fn load_tokenizer_native(path: String) -> JsResult<Tokenizer> {
+pub fn load_tokenizer_native(path: String) -> napi::Result<Tokenizer> {
     let (inner, _) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
     Ok(Tokenizer { inner })
 }
@@ -24,12 +24,12 @@ pub fn load_tokenizer_native(path: String) -> JsResult<Tokenizer> {
 #[napi]
 impl Tokenizer {
     #[napi]
-    pub fn encode(&self, text: String, add_special_tokens: Option<bool>) -> JsResult<Uint32Array> {
+    pub fn encode(&self, text: String, add_special_tokens: Option<bool>) -> napi::Result<Uint32Array> {
         self.inner.encode(&text, add_special_tokens.unwrap_or(true)).map(Uint32Array::new).map_err(js_error)
     }
 
     #[napi]
-    pub fn decode(&self, ids: Either<Uint32Array, Vec<f64>>, skip_special_tokens: Option<bool>) -> JsResult<String> {
+    pub fn decode(&self, ids: Either<Uint32Array, Vec<f64>>, skip_special_tokens: Option<bool>) -> napi::Result<String> {
         let ids = prompt_tokens(ids).map_err(js_error)?;
         self.inner.decode(&ids, skip_special_tokens.unwrap_or(false)).map_err(js_error)
     }
@@ -75,7 +75,7 @@ pub struct StreamDecoder {
 impl StreamDecoder {
     /// Text completed by these tokens (possibly empty while a character is incomplete).
     #[napi]
-    pub fn push(&mut self, ids: Either<Uint32Array, Vec<f64>>) -> JsResult<String> {
+    pub fn push(&mut self, ids: Either<Uint32Array, Vec<f64>>) -> napi::Result<String> {
         let ids = prompt_tokens(ids).map_err(js_error)?;
         let mut text = String::new();
         for id in ids {
@@ -86,7 +86,7 @@ impl StreamDecoder {
 
     /// Whatever text is still held back.
     #[napi]
-    pub fn flush(&mut self) -> JsResult<String> {
+    pub fn flush(&mut self) -> napi::Result<String> {
         self.inner.finish().map_err(js_error)
     }
 }
@@ -109,18 +109,18 @@ impl ChatTemplate {
     /// The model's own template from a folder (tokenizer_config.json or chat_template.jinja) or a
     /// GGUF file; `null` when the model has none.
     #[napi]
-    pub fn load(path: String) -> JsResult<Option<ChatTemplate>> {
+    pub fn load(path: String) -> napi::Result<Option<ChatTemplate>> {
         let (_, template) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
         Ok(template.map(|inner| ChatTemplate { inner }))
     }
 
     #[napi]
-    pub fn from_string(source: String, bos_token: Option<String>, eos_token: Option<String>) -> JsResult<ChatTemplate> {
+    pub fn from_string(source: String, bos_token: Option<String>, eos_token: Option<String>) -> napi::Result<ChatTemplate> {
         CoreTemplate::new(source, bos_token, eos_token).map(|inner| ChatTemplate { inner }).map_err(js_error)
     }
 
     #[napi]
-    pub fn render(&self, messages: Value, options: Option<RenderOptionsJs>) -> JsResult<String> {
+    pub fn render(&self, messages: Value, options: Option<RenderOptionsJs>) -> napi::Result<String> {
         let mut opts = RenderOptions::default();
         if let Some(o) = options {
             opts.add_generation_prompt = o.add_generation_prompt.unwrap_or(true);

@@ -1,7 +1,7 @@
 //! The CLI, model download and conversion, for JavaScript.
 use napi_derive::napi;
 
-use super::{js_error, JsResult};
+use super::js_error;
 use crate::model::convert::ConvertOptions;
 use crate::model::weights::DType;
 use crate::error::Error;
@@ -9,13 +9,13 @@ use crate::pull;
 
 /// Runs the `mlx-bun` command line in this process; resolves with its exit code.
 #[napi]
-pub async fn run_cli(args: Vec<String>) -> JsResult<i32> {
+pub async fn run_cli(args: Vec<String>) -> napi::Result<i32> {
     blocking(move || Ok(crate::cli::run(args))).await
 }
 
 /// Runs blocking work (downloads, waits on the engine) off the JS thread and tokio's workers.
 /// It never touches MLX itself: that stays on the engine thread.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result<T> + Send + 'static) -> JsResult<T> {
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result<T> + Send + 'static) -> napi::Result<T> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| napi::Error::from_reason(e.to_string()))?
@@ -24,7 +24,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result
 
 /// Downloads the default model if needed; resolves with its path.
 #[napi]
-pub async fn pull_default_model(progress: Option<bool>) -> JsResult<String> {
+pub async fn pull_default_model(progress: Option<bool>) -> napi::Result<String> {
     blocking(move || pull::pull_default(progress.unwrap_or(false)).map(|p| p.display().to_string())).await
 }
 
@@ -43,7 +43,7 @@ pub struct ConvertOptionsJs {
 
 /// Writes the model at `path` as an HF/MLX folder at `out`.
 #[napi]
-pub async fn convert(path: String, out: String, options: Option<ConvertOptionsJs>) -> JsResult<String> {
+pub async fn convert(path: String, out: String, options: Option<ConvertOptionsJs>) -> napi::Result<String> {
     let o = options.unwrap_or(ConvertOptionsJs { dtype: None, q_bits: None, q_group_size: None });
     let dtype = match o.dtype.as_deref() {
         None => None,
