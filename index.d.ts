@@ -28,6 +28,8 @@ export interface ModelConfigInfo {
   modelDir: string
   modelType: string
   architectures: string[]
+  /** `text_config` of multimodal checkpoints, else null. */
+  text: Record<string, unknown> | null
   /** `torch_dtype` of the checkpoint, when it says. */
   dtype: string | null
   vocabSize: number
@@ -152,6 +154,9 @@ export class Tokenizer {
   idToToken(id: number): string | null
   tokenToId(token: string): number | null
   readonly bosTokenId: number | null
+  /** The first end-of-sequence id. */
+  readonly eosTokenId: number | null
+  /** Every id that ends generation (config, tokenizer and generation_config). */
   readonly eosTokenIds: number[]
   readonly vocabSize: number
   /** Incremental detokenizer for streamed tokens (skips special tokens by default). */
@@ -180,7 +185,7 @@ export class ChatTemplate {
   static fromString(source: string, bosToken?: string, eosToken?: string): ChatTemplate
   render(
     messages: ChatMessage[],
-    options?: { addGenerationPrompt?: boolean; tools?: unknown[] | null; extra?: Record<string, unknown> },
+    options?: { addGenerationPrompt?: boolean; tools?: unknown[] | null; enableThinking?: boolean; extra?: Record<string, unknown> },
   ): string
   readonly source: string
 }

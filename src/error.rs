@@ -10,7 +10,7 @@ pub enum Error {
     InvalidWeights { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     InvalidConfig { path: PathBuf, reason: String },
-    #[error("unsupported model_type '{0}' (supported: llama, mistral)")]
+    #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3)")]
     UnsupportedModelType(String),
     #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
     UnsupportedQuant { tensor: String, kind: String },

@@ -1,4 +1,97 @@
-//! KV caches.
+//! KV caches (plain and rotating) and the attention masks that go with them.
 mod kv;
+mod rotating;
 
 pub use kv::KvCache;
+pub use rotating::RotatingKvCache;
+
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+use mlx_rs::{ops, Array};
+
+use crate::error::Result;
+
+/// The mask one attention call needs.
+pub enum Mask {
+    None,
+    /// Causal, aligned to the end of the keys (MLX's fused mode).
+    Causal,
+    /// Explicit boolean mask (true = attend).
+    Array(Array),
+}
+
+impl Mask {
+    pub fn sdpa(&self) -> Option<ScaledDotProductAttentionMask<'_>> {
+        match self {
+            Mask::None => None,
+            Mask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+            Mask::Array(a) => Some(ScaledDotProductAttentionMask::Array(a)),
+        }
+    }
+}
+
+/// mlx-lm's create_causal_mask: [n, offset+n], query i (at offset+i) sees key j when
+/// j <= offset+i and, with a window, offset+i < j + window.
+pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
+    let rows = ops::arange::<_, i32>(offset, offset + n, 1)?.reshape(&[n, 1])?;
+    let cols = ops::arange::<_, i32>(0, offset + n, 1)?.reshape(&[1, offset + n])?;
+    let mut mask = rows.ge(&cols)?;
+    if let Some(w) = window {
+        mask = ops::logical_and(&mask, &rows.lt(&ops::add(&cols, Array::from_int(w))?)?)?;
+    }
+    Ok(mask)
+}
+
+/// A layer's cache: plain for full attention, rotating for sliding-window attention.
+pub enum LayerCache {
+    Plain(KvCache),
+    Rotating(RotatingKvCache),
+}
+
+impl LayerCache {
+    pub fn offset(&self) -> usize {
+        match self {
+            LayerCache::Plain(c) => c.offset(),
+            LayerCache::Rotating(c) => c.offset(),
+        }
+    }
+
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
+        match self {
+            LayerCache::Plain(c) => c.update_and_fetch(keys, values),
+            LayerCache::Rotating(c) => c.update_and_fetch(keys, values),
+        }
+    }
+
+    pub fn state(&self) -> Vec<&Array> {
+        match self {
+            LayerCache::Plain(c) => c.state(),
+            LayerCache::Rotating(c) => c.state(),
+        }
+    }
+
+    /// The mask for `n` new positions, computed before they are added (as mlx-lm does).
+    pub fn make_mask(&self, n: usize, window: Option<usize>) -> Result<Mask> {
+        match self {
+            LayerCache::Plain(c) => match window {
+                Some(w) => Ok(Mask::Array(causal_mask(n as i32, c.offset() as i32, Some(w as i32))?)),
+                None if n == 1 => Ok(Mask::None),
+                None => Ok(Mask::Causal),
+            },
+            LayerCache::Rotating(c) => c.make_mask(n, window),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_mask_with_offset_and_window() {
+        let m = causal_mask(2, 3, Some(2)).unwrap();
+        m.eval().unwrap();
+        let v: Vec<bool> = m.as_slice::<bool>().to_vec();
+        // query at 3 sees {2, 3}; query at 4 sees {3, 4}
+        assert_eq!(v, [false, false, true, true, false, false, false, false, true, true]);
+    }
+}

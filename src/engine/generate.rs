@@ -13,7 +13,7 @@ use mlx_rs::Array;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::events::{Event, FinishReason, GenerateStats};
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 use crate::sample::logprobs::PendingLogprobs;
@@ -29,7 +29,7 @@ struct Step {
 
 pub struct Generation {
     model: Rc<dyn LanguageModel>,
-    caches: Vec<KvCache>,
+    caches: Vec<LayerCache>,
     prompt: Vec<u32>,
     prefilled: usize,
     opts: GenerateOptions,

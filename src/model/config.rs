@@ -25,7 +25,8 @@ pub struct ModelConfig {
     pub rope_traditional: bool,
     pub rope_scaling: Option<RopeScaling>,
     pub max_position_embeddings: Option<usize>,
-    pub tie_word_embeddings: bool,
+    /// `None` when config.json does not say; each architecture has its own default.
+    pub tie_word_embeddings: Option<bool>,
     pub attention_bias: bool,
     pub mlp_bias: bool,
     pub eos_token_ids: Vec<u32>,
@@ -38,6 +39,8 @@ pub struct ModelConfig {
 pub enum RopeScaling {
     Linear { factor: f32 },
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: f32 },
+    /// Phi-3's "su" / "longrope" scaling (mlx-lm applies the long factors at every length).
+    SuScaled { long_factor: Vec<f32>, max_position_embeddings: f32, original_max_position_embeddings: f32 },
 }
 
 /// MLX affine quantization: a default plus per-module overrides (`false` = not quantized).
@@ -65,6 +68,15 @@ impl Quantization {
 }
 
 impl ModelConfig {
+    /// An architecture-specific number from config.json, or `default`.
+    pub fn f32_or(&self, key: &str, default: f32) -> f32 {
+        self.raw.get(key).and_then(Value::as_f64).map_or(default, |v| v as f32)
+    }
+
+    pub fn usize_opt(&self, key: &str) -> Option<usize> {
+        self.raw.get(key).and_then(Value::as_u64).map(|v| v as usize)
+    }
+
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         if !dir.exists() {
@@ -110,7 +122,7 @@ impl ModelConfig {
             rope_traditional: raw.get("rope_traditional").and_then(Value::as_bool).unwrap_or(false),
             rope_scaling: rope_scaling(&raw, &source)?,
             max_position_embeddings: f.opt_usize("max_position_embeddings")?,
-            tie_word_embeddings: raw.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true),
+            tie_word_embeddings: raw.get("tie_word_embeddings").and_then(Value::as_bool),
             attention_bias: raw.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             mlp_bias: raw.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
             eos_token_ids: token_ids(raw.get("eos_token_id")),
@@ -190,6 +202,19 @@ fn rope_scaling(raw: &Value, source: &Path) -> Result<Option<RopeScaling>> {
             high_freq_factor: num("high_freq_factor", Some(4.0))?,
             original_max_position_embeddings: num("original_max_position_embeddings", Some(8192.0))?,
         })),
+        "su" | "longrope" => {
+            let long_factor = s
+                .get("long_factor")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|v| v.as_f64().map(|v| v as f32)).collect())
+                .ok_or_else(|| Error::config(source, "rope_scaling.long_factor must be a list of numbers"))?;
+            let top = |k: &str, d: f32| raw.get(k).and_then(Value::as_f64).map_or(d, |v| v as f32);
+            Ok(Some(RopeScaling::SuScaled {
+                long_factor,
+                max_position_embeddings: top("max_position_embeddings", 131072.0),
+                original_max_position_embeddings: top("original_max_position_embeddings", 4096.0),
+            }))
+        }
         other => Err(Error::config(source, format!("unsupported rope_scaling type '{other}'"))),
     }
 }
@@ -251,7 +276,7 @@ mod tests {
         assert_eq!(c.head_dim, 64);
         assert_eq!(c.num_key_value_heads, 3);
         assert_eq!(c.eos_token_ids, vec![2]);
-        assert!(c.tie_word_embeddings);
+        assert_eq!(c.tie_word_embeddings, Some(true));
         assert_eq!(c.rope_scaling, None);
         assert!(c.quantization.is_none());
     }

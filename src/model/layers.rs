@@ -1,12 +1,20 @@
 //! Building blocks shared by every architecture: linear and embedding layers (dense or MLX affine
-//! quantized), RMSNorm, RoPE variants, attention with a KV cache, and the SwiGLU MLP.
-use mlx_rs::ops::indexing::IndexOp;
+//! quantized), RMSNorm, RoPE variants, attention with a KV cache, and gated MLPs. Scalars that
+//! meet activations are cast to the activation dtype first, as Python's weak scalars are in
+//! mlx-lm, so bf16 models stay bf16 and match it bit for bit.
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array};
 
 use super::config::{ModelConfig, QuantParams, RopeScaling};
 use super::weights::Weights;
-use crate::cache::KvCache;
+use crate::cache::{LayerCache, Mask};
 use crate::error::{Error, Result};
+
+/// A scalar in `like`'s dtype (a Python float in mlx-lm).
+pub fn scalar(v: f32, like: &Array) -> Result<Array> {
+    Ok(Array::from_f32(v).as_dtype(like.dtype())?)
+}
 
 /// Loads module `path` (`<path>.weight`, plus `.scales`/`.biases` when quantized) from weights.
 /// A module counts as quantized when its scales are present, as in mlx-lm.
@@ -42,15 +50,7 @@ impl QuantWeight {
     }
 
     fn matmul_t(&self, x: &Array) -> Result<Array> {
-        Ok(ops::quantized_matmul(
-            x,
-            &self.weight,
-            &self.scales,
-            &self.biases,
-            true,
-            self.params.group_size,
-            self.params.bits,
-        )?)
+        Ok(ops::quantized_matmul(x, &self.weight, &self.scales, &self.biases, true, self.params.group_size, self.params.bits)?)
     }
 }
 
@@ -128,50 +128,84 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.array_shaped(&format!("{path}.weight"), &[dim])?, eps })
     }
 
+    /// Gemma's RMSNorm scales by (1 + weight); computed once, in the weight's dtype.
+    pub fn load_offset(w: &Weights, path: &str, dim: usize, eps: f32) -> Result<Self> {
+        let weight = w.array_shaped(&format!("{path}.weight"), &[dim])?;
+        let weight = ops::add(&scalar(1.0, &weight)?, &weight)?;
+        weight.eval()?;
+        Ok(RmsNorm { weight, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
 }
 
-/// Rotary position embedding: default, linear-scaled, or Llama 3 frequency-scaled.
+/// Rotary position embedding: default, linear-scaled, Llama 3 or Phi-3 "su/longrope" frequencies,
+/// over the first `dims` features of each head.
 pub struct Rope {
     dims: i32,
     traditional: bool,
     base: Option<f32>,
     scale: f32,
     freqs: Option<Array>,
+    /// Phi-3's long-context attention scaling, applied to the rotated features first.
+    input_scale: Option<f32>,
 }
 
 impl Rope {
-    pub fn new(cfg: &ModelConfig, dims: usize) -> Result<Self> {
+    /// The RoPE `cfg` describes, with `base` overriding rope_theta (Gemma's local layers).
+    pub fn new(cfg: &ModelConfig, dims: usize, base: Option<f32>) -> Result<Self> {
         let dims = dims as i32;
-        let plain = |scale| Rope { dims, traditional: cfg.rope_traditional, base: Some(cfg.rope_theta), scale, freqs: None };
+        let theta = base.unwrap_or(cfg.rope_theta);
+        let plain = |scale| Rope { dims, traditional: cfg.rope_traditional, base: Some(theta), scale, freqs: None, input_scale: None };
+        if base.is_some() {
+            return Ok(plain(1.0));
+        }
         Ok(match &cfg.rope_scaling {
             None => plain(1.0),
             Some(RopeScaling::Linear { factor }) => plain(1.0 / factor),
-            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
-                Rope {
-                    dims,
-                    traditional: cfg.rope_traditional,
-                    base: None,
-                    scale: 1.0,
-                    freqs: Some(llama3_freqs(
-                        dims,
-                        cfg.rope_theta,
-                        *factor,
-                        *low_freq_factor,
-                        *high_freq_factor,
-                        *original_max_position_embeddings,
-                    )?),
-                }
+            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => Rope {
+                freqs: Some(llama3_freqs(dims, theta, *factor, *low_freq_factor, *high_freq_factor, *original_max_position_embeddings)?),
+                base: None,
+                ..plain(1.0)
+            },
+            Some(RopeScaling::SuScaled { long_factor, max_position_embeddings, original_max_position_embeddings }) => {
+                let exps = ops::divide(&ops::arange::<_, f32>(0, dims, 2)?, Array::from_f32(dims as f32))?;
+                let freqs = ops::multiply(
+                    Array::from_slice(long_factor, &[long_factor.len() as i32]),
+                    ops::power(Array::from_f32(theta), &exps)?,
+                )?;
+                freqs.eval()?;
+                let factor = max_position_embeddings / original_max_position_embeddings;
+                let mscale = if factor <= 1.0 {
+                    1.0
+                } else {
+                    (1.0 + factor.ln() / original_max_position_embeddings.ln()).sqrt()
+                };
+                Rope { dims, traditional: false, base: None, scale: 1.0, freqs: Some(freqs), input_scale: Some(mscale) }
             }
         })
     }
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
-        Ok(fast::rope(x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
+        let x = match self.input_scale {
+            Some(s) => {
+                let head = x.shape()[x.ndim() - 1];
+                let scaled = ops::multiply(&x.index((.., .., .., ..self.dims)), &scalar(s, x)?)?;
+                if self.dims < head {
+                    ops::concatenate(&[scaled, x.index((.., .., .., self.dims..))], -1)?
+                } else {
+                    scaled
+                }
+            }
+            None => x.clone(),
+        };
+        Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
     }
 }
+
+use mlx_rs::ops::indexing::IndexOp;
 
 /// Llama 3 RoPE frequencies, computed with MLX ops in the same order as mlx-lm's Llama3RoPE so the
 /// values match bit for bit.
@@ -181,96 +215,185 @@ fn llama3_freqs(dims: i32, base: f32, factor: f32, low: f32, high: f32, old_ctx:
     let exps = ops::divide(&ops::arange::<_, f32>(0, dims, 2)?, Array::from_f32(dims as f32))?;
     let freqs = ops::power(Array::from_f32(base), &exps)?;
     let wavelens = ops::multiply(Array::from_f32(2.0 * std::f32::consts::PI), &freqs)?;
-    let freqs = ops::select(
-        &wavelens.gt(Array::from_f32(low_wavelen))?,
-        &ops::multiply(&freqs, Array::from_f32(factor))?,
-        &freqs,
-    )?;
+    let freqs = ops::select(&wavelens.gt(Array::from_f32(low_wavelen))?, &ops::multiply(&freqs, Array::from_f32(factor))?, &freqs)?;
     let medium = ops::logical_and(&wavelens.gt(Array::from_f32(high_wavelen))?, &wavelens.lt(Array::from_f32(low_wavelen))?)?;
     let smooth = ops::divide(
         &ops::subtract(&ops::divide(Array::from_f32(old_ctx), &wavelens)?, Array::from_f32(low))?,
         Array::from_f32(high - low),
     )?;
-    let denom = ops::add(
-        &ops::divide(&ops::subtract(Array::from_f32(1.0), &smooth)?, Array::from_f32(factor))?,
-        &smooth,
-    )?;
-    let smooth_freqs = ops::divide(&freqs, &denom)?;
-    let out = ops::select(&medium, &smooth_freqs, &freqs)?;
+    let denom = ops::add(&ops::divide(&ops::subtract(Array::from_f32(1.0), &smooth)?, Array::from_f32(factor))?, &smooth)?;
+    let out = ops::select(&medium, &ops::divide(&freqs, &denom)?, &freqs)?;
     out.eval()?;
     Ok(out)
 }
 
+/// How the query/key/value projections are stored.
+enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    /// Phi-3's single `qkv_proj`, split after the matmul.
+    Fused(Linear),
+}
+
+/// The variations of attention across architectures.
+pub struct AttentionSpec {
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    pub fused_qkv: bool,
+    /// RMSNorm over each head of q and k (Qwen3, Gemma 3; Gemma's is (1 + w)).
+    pub qk_norm: Option<NormKind>,
+    pub scale: f32,
+    pub rope: Rope,
+}
+
+#[derive(Clone, Copy)]
+pub enum NormKind {
+    Plain,
+    Offset,
+}
+
+fn load_norm(kind: NormKind, w: &Weights, path: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
+    match kind {
+        NormKind::Plain => RmsNorm::load(w, path, dim, eps),
+        NormKind::Offset => RmsNorm::load_offset(w, path, dim, eps),
+    }
+}
+
 /// Multi-head attention with grouped KV heads, RoPE and a KV cache, through MLX's fused SDPA.
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv: Qkv,
     o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     n_heads: i32,
     n_kv_heads: i32,
+    head_dim: i32,
     scale: f32,
     rope: Rope,
 }
 
 impl Attention {
-    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str) -> Result<Self> {
-        let (d, hd) = (cfg.hidden_size, cfg.head_dim);
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, spec: AttentionSpec) -> Result<Self> {
+        let (d, hd) = (cfg.hidden_size, spec.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let bias = cfg.attention_bias;
+        let qkv = if spec.fused_qkv {
+            Qkv::Fused(Linear::load(w, cfg, &format!("{path}.qkv_proj"), (nh + 2 * nkv) * hd, d, spec.qkv_bias)?)
+        } else {
+            Qkv::Separate {
+                q: Linear::load(w, cfg, &format!("{path}.q_proj"), nh * hd, d, spec.qkv_bias)?,
+                k: Linear::load(w, cfg, &format!("{path}.k_proj"), nkv * hd, d, spec.qkv_bias)?,
+                v: Linear::load(w, cfg, &format!("{path}.v_proj"), nkv * hd, d, spec.qkv_bias)?,
+            }
+        };
+        let norm = |name: &str| -> Result<Option<RmsNorm>> {
+            spec.qk_norm.map(|k| load_norm(k, w, &format!("{path}.{name}"), hd, cfg.rms_norm_eps)).transpose()
+        };
         Ok(Attention {
-            q_proj: Linear::load(w, cfg, &format!("{path}.q_proj"), nh * hd, d, bias)?,
-            k_proj: Linear::load(w, cfg, &format!("{path}.k_proj"), nkv * hd, d, bias)?,
-            v_proj: Linear::load(w, cfg, &format!("{path}.v_proj"), nkv * hd, d, bias)?,
-            o_proj: Linear::load(w, cfg, &format!("{path}.o_proj"), d, nh * hd, bias)?,
+            qkv,
+            o_proj: Linear::load(w, cfg, &format!("{path}.o_proj"), d, nh * hd, spec.o_bias)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
             n_heads: nh as i32,
             n_kv_heads: nkv as i32,
-            scale: (hd as f32).powf(-0.5),
-            rope: Rope::new(cfg, hd)?,
+            head_dim: hd as i32,
+            scale: spec.scale,
+            rope: spec.rope,
         })
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (q, k, v) = match &self.qkv {
+            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Qkv::Fused(p) => {
+                let qkv = p.forward(x)?;
+                let qn = self.n_heads * self.head_dim;
+                let kn = self.n_kv_heads * self.head_dim;
+                (qkv.index((.., .., ..qn)), qkv.index((.., .., qn..qn + kn)), qkv.index((.., .., qn + kn..)))
+            }
+        };
         let split = |t: Array, heads: i32| -> Result<Array> { Ok(t.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?) };
-        let q = split(self.q_proj.forward(x)?, self.n_heads)?;
-        let k = split(self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = split(self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let mut q = split(q, self.n_heads)?;
+        let mut k = split(k, self.n_kv_heads)?;
+        let v = split(v, self.n_kv_heads)?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
         let offset = cache.offset() as i32;
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
-        let mask = (l > 1).then_some(fast::ScaledDotProductAttentionMask::Causal);
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.sdpa(), None)?;
         self.o_proj.forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 }
 
-/// SiLU-gated MLP: down(silu(gate(x)) * up(x)).
-pub struct SwiGlu {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+#[derive(Clone, Copy)]
+pub enum Activation {
+    /// SwiGLU: silu(gate) · up.
+    Silu,
+    /// GeGLU with the tanh approximation (Gemma).
+    GeluApprox,
 }
 
-impl SwiGlu {
-    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str) -> Result<Self> {
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    /// Phi-3's single `gate_up_proj`.
+    Fused(Linear),
+}
+
+/// Gated MLP: down(act(gate(x)) · up(x)).
+pub struct Mlp {
+    gate_up: GateUp,
+    down_proj: Linear,
+    activation: Activation,
+}
+
+impl Mlp {
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, activation: Activation, fused: bool) -> Result<Self> {
         let (d, h, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
-        Ok(SwiGlu {
-            gate_proj: Linear::load(w, cfg, &format!("{path}.gate_proj"), h, d, bias)?,
-            up_proj: Linear::load(w, cfg, &format!("{path}.up_proj"), h, d, bias)?,
-            down_proj: Linear::load(w, cfg, &format!("{path}.down_proj"), d, h, bias)?,
-        })
+        let gate_up = if fused {
+            GateUp::Fused(Linear::load(w, cfg, &format!("{path}.gate_up_proj"), 2 * h, d, bias)?)
+        } else {
+            GateUp::Separate {
+                gate: Linear::load(w, cfg, &format!("{path}.gate_proj"), h, d, bias)?,
+                up: Linear::load(w, cfg, &format!("{path}.up_proj"), h, d, bias)?,
+            }
+        };
+        Ok(Mlp { gate_up, down_proj: Linear::load(w, cfg, &format!("{path}.down_proj"), d, h, bias)?, activation })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let up = self.up_proj.forward(x)?;
-        self.down_proj.forward(&ops::multiply(&mlx_rs::nn::silu(&gate)?, &up)?)
+        let (gate, up) = match &self.gate_up {
+            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Fused(p) => {
+                let gu = p.forward(x)?;
+                let h = gu.shape()[gu.ndim() - 1] / 2;
+                (gu.index((.., .., ..h)), gu.index((.., .., h..)))
+            }
+        };
+        let hidden = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,
+        };
+        self.down_proj.forward(&hidden)
     }
 }
 
-/// The hidden state of the last position only, so the output projection runs on one row.
-pub fn last_position(h: &Array) -> Result<Array> {
-    Ok(h.index((.., -1.., ..)))
+/// mlx-lm's compiled `swiglu`: silu(gate) · x in one fused kernel.
+fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    let f = |(g, x): (&Array, &Array)| -> std::result::Result<Array, Exception> { g.multiply(ops::sigmoid(g)?)?.multiply(x) };
+    Ok(compile(f, true)((gate, x))?)
+}
+
+/// MLX's compiled `gelu_approx`, with scalars in the input's dtype like Python's weak floats.
+fn gelu_approx(x: &Array) -> Result<Array> {
+    let f = |x: &Array| -> std::result::Result<Array, Exception> {
+        let c = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
+        let cube = ops::power(x, &c(3.0)?)?;
+        let inner = ops::multiply(&c((2.0f64 / std::f64::consts::PI).sqrt() as f32)?, &ops::add(x, &ops::multiply(&c(0.044715)?, &cube)?)?)?;
+        ops::multiply(&ops::multiply(&c(0.5)?, x)?, &ops::add(&c(1.0)?, &ops::tanh(&inner)?)?)
+    };
+    Ok(compile(f, true)(x)?)
 }

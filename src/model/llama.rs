@@ -1,81 +1,60 @@
-//! Llama (SmolLM2, Llama 3.x, Mistral-style): pre-norm blocks of GQA attention and a SwiGLU MLP.
-use mlx_rs::Array;
-
+//! Llama (SmolLM2, Llama 3.x) and Mistral-style models (mlx-lm's `llama.py`): pre-norm blocks of
+//! GQA attention with RoPE and a SwiGLU MLP. `layer_types` may mark layers as sliding-window
+//! attention over `sliding_window` positions.
 use super::config::ModelConfig;
-use super::layers::{Attention, Embedding, Linear, RmsNorm, SwiGlu};
+use super::decoder::{Block, Decoder};
+use super::layers::{Activation, Attention, AttentionSpec, Embedding, Mlp, RmsNorm, Rope};
 use super::weights::Weights;
-use super::LanguageModel;
-use crate::cache::KvCache;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
-struct Block {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: SwiGlu,
-}
-
-impl Block {
-    fn load(w: &Weights, cfg: &ModelConfig, path: &str) -> Result<Self> {
-        let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-        Ok(Block {
-            input_layernorm: RmsNorm::load(w, &format!("{path}.input_layernorm"), d, eps)?,
-            self_attn: Attention::load(w, cfg, &format!("{path}.self_attn"))?,
-            post_attention_layernorm: RmsNorm::load(w, &format!("{path}.post_attention_layernorm"), d, eps)?,
-            mlp: SwiGlu::load(w, cfg, &format!("{path}.mlp"))?,
+pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
+    let (d, eps, hd) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.head_dim);
+    let sliding = layer_kinds(&cfg)?;
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|i| {
+            let p = format!("model.layers.{i}");
+            let spec = AttentionSpec {
+                head_dim: hd,
+                qkv_bias: cfg.attention_bias,
+                o_bias: cfg.attention_bias,
+                fused_qkv: false,
+                qk_norm: None,
+                scale: (hd as f32).powf(-0.5),
+                rope: Rope::new(&cfg, hd, None)?,
+            };
+            Ok(Block {
+                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+                attn: Attention::load(w, &cfg, &format!("{p}.self_attn"), spec)?,
+                post_attn_norm: None,
+                pre_mlp_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?,
+                mlp: Mlp::load(w, &cfg, &format!("{p}.mlp"), Activation::Silu, false)?,
+                post_mlp_norm: None,
+                sliding: sliding[i],
+            })
         })
-    }
-
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        let h = x.add(self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        Ok(h.add(self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
-    }
+        .collect::<Result<_>>()?;
+    Ok(Decoder {
+        embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", cfg.vocab_size, d)?,
+        embed_scale: None,
+        layers,
+        norm: RmsNorm::load(w, "model.norm", d, eps)?,
+        lm_head: Decoder::lm_head(w, &cfg, cfg.tie_word_embeddings.unwrap_or(true))?,
+        sliding_window: cfg.usize_opt("sliding_window").unwrap_or(0),
+        config: cfg,
+    })
 }
 
-pub struct Llama {
-    config: ModelConfig,
-    embed_tokens: Embedding,
-    layers: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
-}
-
-impl Llama {
-    pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Self> {
-        let (d, v) = (cfg.hidden_size, cfg.vocab_size);
-        Ok(Llama {
-            embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", v, d)?,
-            layers: (0..cfg.num_hidden_layers)
-                .map(|i| Block::load(w, &cfg, &format!("model.layers.{i}")))
-                .collect::<Result<_>>()?,
-            norm: RmsNorm::load(w, "model.norm", d, cfg.rms_norm_eps)?,
-            lm_head: if cfg.tie_word_embeddings { None } else { Some(Linear::load(w, &cfg, "lm_head", v, d, false)?) },
-            config: cfg,
-        })
+/// Which layers use sliding-window attention, from `layer_types` (all full when absent).
+pub fn layer_kinds(cfg: &ModelConfig) -> Result<Vec<bool>> {
+    let Some(types) = cfg.raw.get("layer_types").and_then(|v| v.as_array()) else {
+        return Ok(vec![false; cfg.num_hidden_layers]);
+    };
+    if types.len() != cfg.num_hidden_layers {
+        return Err(Error::config(&cfg.source, format!("layer_types has {} entries for {} layers", types.len(), cfg.num_hidden_layers)));
     }
-}
-
-impl LanguageModel for Llama {
-    fn config(&self) -> &ModelConfig {
-        &self.config
+    let sliding: Vec<bool> = types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect();
+    if sliding.iter().any(|&s| s) && cfg.usize_opt("sliding_window").unwrap_or(0) == 0 {
+        return Err(Error::config(&cfg.source, "sliding_attention layers need a positive sliding_window"));
     }
-
-    fn new_cache(&self) -> Vec<KvCache> {
-        (0..self.layers.len()).map(|_| KvCache::default()).collect()
-    }
-
-    fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(ids)?;
-        for (layer, cache) in self.layers.iter().zip(caches) {
-            h = layer.forward(&h, cache)?;
-        }
-        self.norm.forward(&h)
-    }
-
-    fn logits(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
-    }
+    Ok(sliding)
 }

@@ -2,17 +2,22 @@
 //! `LanguageModel`; each architecture lives in its own file.
 pub mod config;
 pub mod convert;
+pub mod decoder;
+pub mod gemma3_text;
 pub mod gguf;
 pub mod gguf_weights;
 pub mod layers;
 pub mod llama;
+pub mod phi3;
+pub mod qwen2;
+pub mod qwen3;
 pub mod weights;
 
 use std::path::Path;
 
 use mlx_rs::Array;
 
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 use config::ModelConfig;
 use weights::Weights;
@@ -20,21 +25,44 @@ use weights::Weights;
 /// What the engine needs from an architecture.
 pub trait LanguageModel {
     fn config(&self) -> &ModelConfig;
-    fn new_cache(&self) -> Vec<KvCache>;
+    fn new_cache(&self) -> Vec<LayerCache>;
     /// Final-norm hidden states [B, L, D] for `ids` [B, L], appending to `caches`.
-    fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array>;
     /// Output-vocabulary logits for hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array>;
 }
 
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral"];
+type Loader = fn(&Weights, ModelConfig) -> Result<decoder::Decoder>;
 
-/// Builds the architecture named by `config.model_type`. Call on the engine thread only.
+/// The architecture implementing `config`: its `model_type`, else its HF `architectures` class.
+fn loader(config: &ModelConfig) -> Result<Loader> {
+    let by_type: Option<Loader> = match config.model_type.as_str() {
+        "llama" | "mistral" => Some(llama::load),
+        "qwen2" => Some(qwen2::load),
+        "qwen3" => Some(qwen3::load),
+        "gemma3_text" => Some(gemma3_text::load),
+        "phi3" => Some(phi3::load),
+        _ => None,
+    };
+    let by_class = || {
+        config.architectures.iter().find_map(|a| -> Option<Loader> {
+            match a.as_str() {
+                "LlamaForCausalLM" | "MistralForCausalLM" => Some(llama::load),
+                "Qwen2ForCausalLM" => Some(qwen2::load),
+                "Qwen3ForCausalLM" => Some(qwen3::load),
+                "Gemma3ForCausalLM" => Some(gemma3_text::load),
+                "Phi3ForCausalLM" => Some(phi3::load),
+                _ => None,
+            }
+        })
+    };
+    by_type.or_else(by_class).ok_or_else(|| Error::UnsupportedModelType(config.model_type.clone()))
+}
+
+/// Builds the architecture `config` names. Call on the engine thread only.
 pub fn create_model(weights: &Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
-    match config.model_type.as_str() {
-        "llama" | "mistral" => Ok(Box::new(llama::Llama::load(weights, config)?)),
-        other => Err(Error::UnsupportedModelType(other.to_owned())),
-    }
+    let load = loader(&config)?;
+    Ok(Box::new(load(weights, config)?))
 }
 
 /// Weights and config of a model folder (`config.json` + safetensors) or a `.gguf` file.
@@ -48,8 +76,6 @@ pub fn open_source(path: &Path) -> Result<(Weights, ModelConfig)> {
         return gguf_weights::load(&gguf);
     }
     let config = ModelConfig::load(path)?;
-    if !SUPPORTED_MODEL_TYPES.contains(&config.model_type.as_str()) {
-        return Err(Error::UnsupportedModelType(config.model_type));
-    }
+    loader(&config)?;
     Ok((Weights::open_dir(path)?, config))
 }

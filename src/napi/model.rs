@@ -36,6 +36,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
         "modelDir": dir,
         "modelType": c.model_type,
         "architectures": c.architectures,
+        "text": c.raw.get("text_config"),
         "dtype": c.torch_dtype,
         "vocabSize": c.vocab_size,
         "quantization": quantization,

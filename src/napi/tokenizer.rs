@@ -49,6 +49,12 @@ impl Tokenizer {
         self.inner.bos_token_id()
     }
 
+    /// The first end-of-sequence id (mlx-bun's `eosTokenId`).
+    #[napi(getter)]
+    pub fn eos_token_id(&self) -> Option<u32> {
+        self.inner.eos_token_ids().first().copied()
+    }
+
     #[napi(getter)]
     pub fn eos_token_ids(&self) -> Vec<u32> {
         self.inner.eos_token_ids().to_vec()
@@ -95,7 +101,9 @@ impl StreamDecoder {
 pub struct RenderOptionsJs {
     pub add_generation_prompt: Option<bool>,
     pub tools: Option<Value>,
-    /// Extra template variables (e.g. `enable_thinking`).
+    /// Passed to the template as `enable_thinking` (Qwen3-style reasoning switches).
+    pub enable_thinking: Option<bool>,
+    /// Extra template variables.
     pub extra: Option<serde_json::Map<String, Value>>,
 }
 
@@ -126,6 +134,9 @@ impl ChatTemplate {
             opts.add_generation_prompt = o.add_generation_prompt.unwrap_or(true);
             opts.tools = o.tools.filter(|t| !t.is_null());
             opts.extra = o.extra.unwrap_or_default();
+            if let Some(t) = o.enable_thinking {
+                opts.extra.insert("enable_thinking".into(), Value::Bool(t));
+            }
         }
         self.inner.render(&messages, &opts).map_err(js_error)
     }

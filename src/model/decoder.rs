@@ -1,0 +1,105 @@
+//! The decoder-only transformer every supported architecture is an instance of: token embedding,
+//! a stack of attention + MLP blocks (pre-norm, optionally with Gemma's post-norms), a final norm
+//! and the output projection. Architectures differ only in how they fill these parts.
+use mlx_rs::{ops, Array, Dtype};
+
+use super::config::ModelConfig;
+use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm};
+use super::LanguageModel;
+use crate::cache::{KvCache, LayerCache, Mask, RotatingKvCache};
+use crate::error::Result;
+
+pub struct Block {
+    pub input_norm: RmsNorm,
+    pub attn: Attention,
+    /// Gemma normalises the attention output before the residual add.
+    pub post_attn_norm: Option<RmsNorm>,
+    pub pre_mlp_norm: RmsNorm,
+    pub mlp: Mlp,
+    /// Gemma normalises the MLP output before the residual add.
+    pub post_mlp_norm: Option<RmsNorm>,
+    /// Sliding-window attention (rotating cache) instead of full attention.
+    pub sliding: bool,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
+        let mut r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
+        if let Some(n) = &self.post_attn_norm {
+            r = n.forward(&r)?;
+        }
+        let h = ops::add(x, &r)?;
+        let mut r = self.mlp.forward(&self.pre_mlp_norm.forward(&h)?)?;
+        if let Some(n) = &self.post_mlp_norm {
+            r = n.forward(&r)?;
+        }
+        Ok(ops::add(&h, &r)?)
+    }
+}
+
+pub struct Decoder {
+    pub config: ModelConfig,
+    pub embed_tokens: Embedding,
+    /// Gemma multiplies embeddings by √hidden_size, rounded to bf16.
+    pub embed_scale: Option<f32>,
+    pub layers: Vec<Block>,
+    pub norm: RmsNorm,
+    /// `None` = tied to the embedding.
+    pub lm_head: Option<Linear>,
+    /// Window of the sliding layers.
+    pub sliding_window: usize,
+}
+
+impl Decoder {
+    /// `lm_head`, or `None` when the output projection is tied to the embedding.
+    pub fn lm_head(w: &super::weights::Weights, cfg: &ModelConfig, tied: bool) -> Result<Option<Linear>> {
+        if tied {
+            return Ok(None);
+        }
+        Ok(Some(Linear::load(w, cfg, "lm_head", cfg.vocab_size, cfg.hidden_size, false)?))
+    }
+}
+
+impl LanguageModel for Decoder {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_cache(&self) -> Vec<LayerCache> {
+        self.layers
+            .iter()
+            .map(|b| {
+                if b.sliding {
+                    LayerCache::Rotating(RotatingKvCache::new(self.sliding_window, 0))
+                } else {
+                    LayerCache::Plain(KvCache::default())
+                }
+            })
+            .collect()
+    }
+
+    fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(ids)?;
+        if let Some(s) = self.embed_scale {
+            h = ops::multiply(&h, &Array::from_f32(s).as_dtype(Dtype::Bfloat16)?.as_dtype(h.dtype())?)?;
+        }
+        let n = ids.shape()[1] as usize;
+        // Masks come from the caches' state before this step, one per attention kind.
+        let full = self.layers.iter().position(|b| !b.sliding);
+        let sliding = self.layers.iter().position(|b| b.sliding);
+        let full_mask = full.map(|i| caches[i].make_mask(n, None)).transpose()?;
+        let sliding_mask = sliding.map(|i| caches[i].make_mask(n, Some(self.sliding_window))).transpose()?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
+            h = layer.forward(&h, mask.expect("a mask exists for every kind of layer present"), cache)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self.embed_tokens.as_linear(hidden),
+        }
+    }
+}
