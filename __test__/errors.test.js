@@ -77,6 +77,11 @@ describe('bad input', () => {
     await assert.rejects(mlx.loadModel(d), (e) => expectCode(e, 'INVALID_TENSOR', /gate_proj\.weight/))
   })
 
+  test('a missing tensor is named', async () => {
+    const d = makeTinyLlama(path.join(dir, 'missing'), 1, { omit: ['model.layers.1.self_attn.k_proj.weight'] })
+    await assert.rejects(mlx.loadModel(d), (e) => expectCode(e, 'INVALID_TENSOR', /model\.layers\.1\.self_attn\.k_proj\.weight/))
+  })
+
   test('GGUF with an unsupported quantization type', async () => {
     const f = path.join(dir, 'q4k.gguf')
     const kv = {
@@ -89,9 +94,9 @@ describe('bad input', () => {
       'tokenizer.ggml.model': 'gpt2',
       'tokenizer.ggml.tokens': ['a', 'b', 'c', 'd'],
     }
-    // One Q4_K tensor (type 12): 256 values per 144-byte block.
-    writeGguf(f, kv, [{ name: 'token_embd.weight', dims: [256, 4], type: 12, data: Buffer.alloc(4 * 144) }])
-    await assert.rejects(mlx.loadModel(f), (e) => expectCode(e, 'UNSUPPORTED_QUANTIZATION', /token_embd\.weight.*Q4_K/))
+    // One IQ2_XXS tensor (type 16), an i-quant the loader does not read.
+    writeGguf(f, kv, [{ name: 'token_embd.weight', dims: [256, 4], type: 16, data: Buffer.alloc(4 * 66) }])
+    await assert.rejects(mlx.loadModel(f), (e) => expectCode(e, 'UNSUPPORTED_QUANTIZATION', /token_embd\.weight/))
   })
 
   const badOptions = [

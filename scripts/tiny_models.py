@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Tiny random-weight models of every supported architecture, and mlx-lm's outputs on them.
+
+Usage (mlx-lm on the same BLAS as the addon):
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
+        .venv/bin/python scripts/tiny_models.py OUT_DIR
+
+For each architecture below, the model is built with mlx-lm's own class
+(mlx_lm.models.<arch>.Model(ModelArgs.from_dict(cfg))), re-initialised from a fixed seed, and saved
+as an HF-style folder OUT_DIR/<name> (config.json + model.safetensors). The folder is then loaded
+back with mlx_lm.utils.load_model, quantized to MLX affine 4-bit (group 32) with
+mlx_lm.utils.quantize_model and written with save_model/save_config into OUT_DIR/<name>-q4 --
+exactly what `mlx_lm.convert(quantize=True, q_bits=4, q_group_size=32)` does, minus the tokenizer
+these models do not have. Both folders are loaded back with load_model and their references come
+from those reloaded models.
+
+OUT_DIR/ref-tiny.json:
+    {"mlx_version", "mlx_lm_version", "max_tokens": 64, "models": [
+      {"name", "model_type", "path" (relative to OUT_DIR), "quantized", "seed", "min_gap",
+       "note" (what had to be worked around, or null),
+       "prompts": [{"ids", "tokens", "tokens_chunk8" (long prompt only),
+                    "last_logits" (f32 folders only, else null)}]}]}
+  tokens        mlx_lm.generate.generate_step(mx.array(ids), model, max_tokens=64,
+                sampler=argmax) -- prefill of ids[:-1] with the default prefill_step_size (2048);
+                EOS never stops it
+  tokens_chunk8 the same with prefill_step_size=8
+  last_logits   model(mx.array(ids)[None])[0, -1], float32
+  min_gap       smallest top-1 minus top-2 log-probability over every generated step of every run
+                of that folder (seeds are chosen so it exceeds MIN_GAP; float noise cannot flip
+                argmax)
+"""
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import importlib.metadata as md  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx.utils import tree_flatten, tree_map_with_path  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model  # noqa: E402
+
+MAX_TOKENS = 64
+MIN_GAP = 1e-3
+MIN_DISTINCT = 8  # distinct tokens per 64-token run, so greedy decoding is not degenerate
+SEED_TRIES = 40
+WINDOW = 16
+W_SCALE = float(os.environ.get("TINY_W_SCALE", "3.0"))
+
+BASE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "eos_token_id": 0,
+    "bos_token_id": 1,
+}
+
+SU_ROPE_DIMS = 8  # head_dim 16 * partial_rotary_factor 0.5
+
+# name -> (seed base, config). Tied or not is set per model to cover both output projections.
+ARCHS = [
+    ("llama", 100, {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 10000.0, "tie_word_embeddings": True, "max_position_embeddings": 2048,
+    }),
+    ("llama_rope_llama3", 200, {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    }),
+    # Every layer sliding: mlx-lm 0.32.2's llama.py cannot build this (see build_model).
+    ("mistral", 300, {
+        "model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 3,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+        "sliding_window": WINDOW, "layer_types": ["sliding_attention"] * 3,
+    }),
+    ("mistral_mixed", 400, {
+        "model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 3,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+        "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    }),
+    ("qwen2", 500, {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+    }),
+    ("qwen3", 600, {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+        "head_dim": 32, "rms_norm_eps": 1e-6,
+    }),
+    ("gemma3_text", 700, {
+        "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 4,
+        "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": WINDOW,
+        "sliding_window_pattern": 2, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_scaling": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }),
+    ("phi3", 800, {
+        "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+    }),
+    ("phi3_su", 900, {
+        "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "partial_rotary_factor": 0.5,
+        "max_position_embeddings": 4096, "original_max_position_embeddings": 1024,
+        "rope_scaling": {"type": "su",
+                         "long_factor": [1.0, 1.25, 2.5, 4.0][: SU_ROPE_DIMS // 2],
+                         "short_factor": [1.0, 1.05, 1.1, 1.2][: SU_ROPE_DIMS // 2]},
+    }),
+]
+
+NOTES = {
+    "mistral": "mlx-lm 0.32.2 llama.py raises ValueError when no layer is full_attention "
+    "(LlamaModel.__init__: layer_types.index('full_attention')); the reference model is built "
+    "with the last layer full and then every layer switched to sliding (use_sliding=True, "
+    "swa_idx=0), which is what llama.py would do if it allowed it; make_cache then gives every "
+    "layer a RotatingKVCache(16)",
+}
+
+
+def prompts():
+    rng = np.random.default_rng(12345)
+    short = [int(x) for x in rng.integers(2, 256, size=6)]
+    long = [int(x) for x in rng.integers(2, 256, size=40)]
+    return short, long
+
+
+def all_sliding_fix(model):
+    """Turns every layer of a llama.py model into a sliding-window layer (see NOTES)."""
+    inner = model.model
+    for layer in inner.layers:
+        layer.use_sliding = True
+    inner.layer_types = ["sliding_attention"] * len(inner.layers)
+    inner.swa_idx = 0
+    return model
+
+
+def build_model(name, cfg):
+    cfg_build = dict(cfg)
+    if name == "mistral":
+        cfg_build["layer_types"] = cfg["layer_types"][:-1] + ["full_attention"]
+    model_class, args_class = _get_classes(cfg_build)
+    model = model_class(args_class.from_dict(cfg_build))
+    if name == "mistral":
+        all_sliding_fix(model)
+    return model
+
+
+def reinit(model, model_type):
+    """Embedding std 0.3 (0.1 for Gemma; non-degenerate logits); norm weights randomised around their identity
+    (1 for RMSNorm, 0 for Gemma's (1 + w) RMSNorm) so a wrong norm convention shows; everything
+    else is mlx-lm's own init (uniform +-1/sqrt(fan_in)) times W_SCALE, so the blocks move the
+    residual stream away from the input embedding (else tied models just echo the last token)."""
+    gemma = model_type.startswith("gemma")
+
+    def f(path, v):
+        if path.endswith("embed_tokens.weight"):
+            # Gemma scales embeddings by sqrt(hidden) = 8: a smaller std keeps the tied model
+            # from echoing its last token forever.
+            return (0.1 if gemma else 0.3) * mx.random.normal(v.shape)
+        if "norm" in path.split(".")[-2] and path.endswith(".weight"):
+            centre = 0.0 if gemma else 1.0
+            if gemma and ".post_" in path:
+                # Gemma's post-norms set the size of each block's residual update; x3 so the
+                # blocks are not drowned by the sqrt(hidden)-scaled embedding.
+                centre = 2.0
+            return centre + 0.2 * mx.random.normal(v.shape)
+        return W_SCALE * v
+
+    model.update(tree_map_with_path(f, model.parameters()))
+    mx.eval(model.parameters())
+
+
+def write_folder(path, model, cfg):
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    if cfg.get("tie_word_embeddings", cfg["model_type"] == "gemma3_text") and "lm_head.weight" in weights:
+        raise SystemExit(f"{path}: tied model would save an lm_head")
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    with open(path / "config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def load_back(path, name):
+    if name == "mistral":
+        cfg = json.load(open(path / "config.json"))
+        override = {"layer_types": cfg["layer_types"][:-1] + ["full_attention"]}
+        model, config = load_model(path, model_config=override)
+        all_sliding_fix(model)
+        config["layer_types"] = cfg["layer_types"]
+        return model, config
+    return load_model(path)
+
+
+def greedy(model, ids, prefill_step_size=2048):
+    cache = make_prompt_cache(model)
+    tokens, gaps = [], []
+    for tok, lp in generate_step(
+        mx.array(ids), model, max_tokens=MAX_TOKENS, sampler=lambda x: mx.argmax(x, axis=-1),
+        prompt_cache=cache, prefill_step_size=prefill_step_size,
+    ):
+        lp = np.array(lp.astype(mx.float32))
+        top2 = np.partition(lp, -2)[-2:]
+        tokens.append(int(tok))
+        gaps.append(float(top2[1] - top2[0]))
+    assert len(tokens) == MAX_TOKENS
+    return tokens, min(gaps)
+
+
+def references(model, with_logits):
+    short, long = prompts()
+    out, gap, distinct = [], float("inf"), MAX_TOKENS
+    for ids in (short, long):
+        r = {"ids": ids}
+        r["tokens"], g = greedy(model, ids)
+        gap, distinct = min(gap, g), min(distinct, len(set(r["tokens"])))
+        if ids is long:
+            r["tokens_chunk8"], g = greedy(model, ids, prefill_step_size=8)
+            gap = min(gap, g)
+        if with_logits:
+            logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+            r["last_logits"] = [float(x) for x in np.array(logits)]
+        else:
+            r["last_logits"] = None
+        out.append(r)
+    return out, gap, distinct
+
+
+def make_arch(out_dir, name, seed_base, cfg):
+    cfg = {**BASE, **cfg}
+    for seed in range(seed_base, seed_base + SEED_TRIES):
+        mx.random.seed(seed)
+        model = build_model(name, cfg)
+        if cfg["model_type"] == "gemma3_text" and "lm_head" in model:
+            # Gemma ties exactly when lm_head.weight is absent (Model.sanitize).
+            model.tie_word_embeddings = True
+            model.pop("lm_head")
+        reinit(model, cfg["model_type"])
+
+        f32_dir, q4_dir = out_dir / name, out_dir / f"{name}-q4"
+        write_folder(f32_dir, model, cfg)
+        model, config = load_back(f32_dir, name)
+        refs, gap, distinct = references(model, True)
+        if gap <= MIN_GAP or distinct < MIN_DISTINCT:
+            print(f"  {name} seed {seed}: f32 min gap {gap:.2e}, {distinct} distinct -- next seed", file=sys.stderr)
+            continue
+
+        qmodel, qconfig = quantize_model(model, config, 32, 4)
+        if q4_dir.exists():
+            shutil.rmtree(q4_dir)
+        save_model(q4_dir, qmodel)
+        save_config(qconfig, q4_dir / "config.json")
+        qmodel, _ = load_back(q4_dir, name)
+        qrefs, qgap, qdistinct = references(qmodel, False)
+        if qgap <= MIN_GAP or qdistinct < MIN_DISTINCT:
+            print(f"  {name} seed {seed}: q4 min gap {qgap:.2e}, {qdistinct} distinct -- next seed", file=sys.stderr)
+            continue
+
+        common = {"model_type": cfg["model_type"], "seed": seed, "note": NOTES.get(name)}
+        print(f"  {name} seed {seed}: min gap f32 {gap:.3g} q4 {qgap:.3g}; tokens {refs[1]['tokens'][:12]}...",
+              file=sys.stderr)
+        return [
+            {"name": name, "path": name, "quantized": False, "min_gap": gap, **common, "prompts": refs},
+            {"name": f"{name}-q4", "path": f"{name}-q4", "quantized": True, "min_gap": qgap, **common,
+             "prompts": qrefs},
+        ]
+    raise SystemExit(f"{name}: no seed in [{seed_base}, {seed_base + SEED_TRIES}) meets the gap/variety bar")
+
+
+def main(argv):
+    if len(argv) != 2:
+        raise SystemExit(__doc__)
+    out_dir = Path(argv[1]).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if "libopenblas" not in os.environ.get("LD_PRELOAD", ""):
+        print("[tiny_models] WARNING: LD_PRELOAD has no OpenBLAS; mlx-lm may use another BLAS than the addon",
+              file=sys.stderr)
+    t0 = time.perf_counter()
+    models = []
+    only = set(os.environ.get("TINY_ONLY", "").split(",")) - {""}
+    for name, seed_base, cfg in ARCHS:
+        if only and name not in only:
+            continue
+        models.extend(make_arch(out_dir, name, seed_base, cfg))
+    ref = {
+        "mlx_version": md.version("mlx"),
+        "mlx_lm_version": md.version("mlx-lm"),
+        "max_tokens": MAX_TOKENS,
+        "models": models,
+    }
+    # TINY_ONLY=name,... (for debugging) writes ref-tiny.partial.json, never a partial ref-tiny.json.
+    final = out_dir / ("ref-tiny.partial.json" if only else "ref-tiny.json")
+    tmp = final.with_suffix(".part")
+    with open(tmp, "w") as f:
+        json.dump(ref, f)
+    tmp.replace(final)
+    print(f"[tiny_models] {len(models)} models in {out_dir} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
