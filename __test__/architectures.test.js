@@ -9,7 +9,15 @@ const assert = require('node:assert/strict')
 const mlx = require('..')
 const { fixture, readJson, collect } = require('./helpers')
 
-const ref = readJson('tiny/ref-tiny.json')
+function loadRef() {
+  try {
+    return readJson('tiny/ref-tiny.json')
+  } catch (e) {
+    e.message += ' -- the tiny models come from: LD_PRELOAD=<libopenblas.so.0> .venv/bin/python scripts/tiny_models.py <fixtures>/tiny'
+    throw e
+  }
+}
+const ref = loadRef()
 const MAX_TOKENS = 64
 
 function firstDiff(a, b) {
@@ -40,7 +48,8 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
   })
 
   for (const m of ref.models) {
-    test(`${m.name} (${m.model_type}${m.quantized ? ', 4-bit' : ', f32'})`, async () => {
+    // Generous timeout: bun test's default (5 s) is tight on a loaded 2-core machine.
+    test(`${m.name} (${m.model_type}${m.quantized ? ', 4-bit' : ', f32'})`, { timeout: 120_000 }, async () => {
       const model = await mlx.loadModel(fixture(`tiny/${m.path}`))
       try {
         assert.equal(model.config.modelType, m.model_type)

@@ -8,6 +8,7 @@ bash scripts/fixtures.sh
 FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
 echo "== cargo test"
 MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
   cargo test --release -q --no-default-features --features cli -- --include-ignored
 echo "== node --test"
 node --test __test__/
