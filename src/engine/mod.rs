@@ -1,6 +1,8 @@
-//! The engine: the thread that owns MLX work, and the generation step machine it runs.
+//! The engine: the thread that owns MLX work, the generation step machine it runs, and the
+//! execution placement policy.
 pub mod events;
 mod generate;
+pub mod plan;
 mod thread;
 
 pub use events::{Event, FinishReason, GenerateStats};

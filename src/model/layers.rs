@@ -3,6 +3,7 @@
 //! meet activations are cast to the activation dtype first, as Python's weak scalars are in
 //! mlx-lm, so bf16 models stay bf16 and match it bit for bit.
 use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array};
 
@@ -204,8 +205,6 @@ impl Rope {
         Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
     }
 }
-
-use mlx_rs::ops::indexing::IndexOp;
 
 /// Llama 3 RoPE frequencies, computed with MLX ops in the same order as mlx-lm's Llama3RoPE so the
 /// values match bit for bit.
