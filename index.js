@@ -148,6 +148,12 @@ function generate(model, promptTokens, options = {}) {
   return new Generation(model.generate(promptTokens, rest), signal)
 }
 
+/** mlx-bun 0.5's placement policy; the result is frozen, as in mlx-bun. */
+function resolveExecution(request, capabilities, features) {
+  const r = wrap(native.resolveExecutionNative)(request, capabilities, features)
+  return Object.freeze({ ...r, reasons: Object.freeze(r.reasons) })
+}
+
 module.exports = {
   generate,
   Generation,
@@ -159,6 +165,7 @@ module.exports = {
   defaultModelPath: native.defaultModelPath,
   convert: wrap(native.convert),
   runCli: wrap(native.runCli),
+  resolveExecution,
   Weights,
   Model: native.Model,
   Tokenizer: native.Tokenizer,

@@ -3,6 +3,7 @@
 mod convert;
 mod generation;
 mod model;
+mod plan;
 mod tokenizer;
 mod tools;
 

@@ -1,0 +1,42 @@
+'use strict'
+// resolveExecution from JavaScript: mlx-bun's shapes in and out (the rules are covered by the
+// Rust table tests in src/engine/plan.rs).
+const { test } = require('node:test')
+const assert = require('node:assert/strict')
+
+const { resolveExecution } = require('..')
+
+const plain = {
+  hasVision: false, hasAdapters: false, hasRepetitionPenalty: false, userSeed: false, kvQuant: false,
+  turboQuant: false, hasLogitsExtras: false, hasGrammar: false, wantsLogprobs: false, hasDraft: false,
+}
+const caps = { method: 'autoregressive', continuous: true, quantizedBatch: false, grammarBatch: false, checkpoints: false }
+
+test('a plain request is placed on the continuous lane', () => {
+  const e = resolveExecution(plain, caps)
+  assert.deepEqual({ ...e, reasons: [...e.reasons] }, {
+    method: 'autoregressive', mechanism: 'continuous', pagedKv: false, promptCache: true, checkpoint: false,
+    fill: false, compiledDecode: false, grammarJump: false, reasons: [],
+  })
+  assert.ok(Object.isFrozen(e) && Object.isFrozen(e.reasons))
+})
+
+test('fallbacks carry their reasons in order', () => {
+  const e = resolveExecution({ ...plain, hasVision: true, hasDraft: true }, { ...caps, continuous: false }, { pagedKv: true, fill: true })
+  assert.equal(e.mechanism, 'serial')
+  assert.equal(e.method, 'autoregressive')
+  assert.deepEqual([...e.reasons], [
+    'continuous-unavailable', 'media-requires-serial', 'paged-kv-requires-serial',
+    'draft-incompatible-with-request', 'paged-kv-bypassed-for-media-or-adapters', 'fill-incompatible-with-request',
+  ])
+})
+
+test('a draft goes speculative when the lane groups it', () => {
+  const e = resolveExecution({ ...plain, hasDraft: true }, { ...caps, groupedMethods: ['autoregressive', 'speculative'] })
+  assert.equal(e.method, 'speculative')
+  assert.equal(e.mechanism, 'continuous')
+})
+
+test('an unknown method is a typed error', () => {
+  assert.throws(() => resolveExecution(plain, { ...caps, method: 'magic' }), { code: 'INVALID_OPTION' })
+})
