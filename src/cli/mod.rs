@@ -103,14 +103,14 @@ pub fn run(args: Vec<String>) -> i32 {
 fn execute(cmd: Command) -> Result<()> {
     match cmd {
         Command::Pull => {
-            let path = pull::pull_default(true)?;
+            let path = pull::pull_default(&pull::home(), true)?;
             println!("{}", path.display());
             Ok(())
         }
         Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat } => {
             let model = match model {
                 Some(m) => m,
-                None => pull::pull_default(true)?,
+                None => pull::pull_default(&pull::home(), true)?,
             };
             let opts = GenerateOptions {
                 max_tokens,

@@ -22,15 +22,29 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result
         .map_err(js_error)
 }
 
+#[napi(object)]
+pub struct PullOptions {
+    /// Instead of `$MLX_BUN_HOME` (default `~/.cache/mlx-bun`).
+    pub home: Option<String>,
+    /// Draw a progress bar on stderr.
+    pub progress: Option<bool>,
+}
+
+fn home(h: Option<String>) -> std::path::PathBuf {
+    h.map_or_else(pull::home, std::path::PathBuf::from)
+}
+
 /// Downloads the default model if needed; resolves with its path.
 #[napi]
-pub async fn pull_default_model(progress: Option<bool>) -> napi::Result<String> {
-    blocking(move || pull::pull_default(progress.unwrap_or(false)).map(|p| p.display().to_string())).await
+pub async fn pull_default_model(options: Option<PullOptions>) -> napi::Result<String> {
+    let o = options.unwrap_or(PullOptions { home: None, progress: None });
+    let home = home(o.home);
+    blocking(move || pull::pull_default(&home, o.progress.unwrap_or(false)).map(|p| p.display().to_string())).await
 }
 
 #[napi]
-pub fn default_model_path() -> String {
-    pull::default_model_path().display().to_string()
+pub fn default_model_path(home_dir: Option<String>) -> String {
+    pull::default_model_path(&home(home_dir)).display().to_string()
 }
 
 #[napi(object)]

@@ -1,0 +1,55 @@
+'use strict'
+// The loading API: loadModelConfig, Weights, createModel, and the default model download.
+const { test } = require('node:test')
+const assert = require('node:assert/strict')
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+const path = require('node:path')
+
+const mlx = require('..')
+const { makeTinyLlama, tmpdir, collect, fixture, TINY } = require('./helpers')
+
+test('Weights + createModel, with and without a config override', async () => {
+  const dir = makeTinyLlama(path.join(tmpdir('load'), 'tiny'))
+  const cfg = mlx.loadModelConfig(dir)
+  assert.equal(cfg.modelType, 'llama')
+  assert.equal(cfg.vocabSize, TINY.vocab)
+  assert.equal(cfg.quantization, null)
+  const w = mlx.Weights.open(dir)
+  assert.ok(w.tensorNames.includes('model.embed_tokens.weight'))
+  assert.deepEqual(w.info('model.norm.weight'), { dtype: 'f32', shape: [TINY.hidden] })
+  const t = w.tensor('model.norm.weight')
+  assert.equal(t.data.byteLength, TINY.hidden * 4)
+  assert.equal(new Float32Array(t.data.buffer, t.data.byteOffset, TINY.hidden)[0], 1)
+  const a = await mlx.createModel(w)
+  const b = await mlx.createModel(w, { ...cfg, raw: { ...cfg.raw, eos_token_id: 7 } })
+  assert.deepEqual(b.config.eosTokenIds, [7])
+  const ta = await collect(mlx.generate(a, [1, 2], { maxTokens: 5, eosTokenIds: [] }))
+  const tb = await collect(mlx.generate(b, [1, 2], { maxTokens: 5, eosTokenIds: [] }))
+  assert.deepEqual(ta.tokens, tb.tokens)
+  w.dispose()
+  assert.throws(() => w.tensorNames, { code: 'INVALID_OPTION' })
+  a.dispose()
+  b.dispose()
+})
+
+test('pullDefaultModel replaces a damaged copy and verifies the checksum', { timeout: 300_000 }, async () => {
+  const home = tmpdir('pull')
+  try {
+    const target = mlx.defaultModelPath(home)
+    assert.equal(target, path.join(home, 'models', 'SmolLM2-135M-Instruct.Q4_1.gguf'))
+    fs.mkdirSync(path.dirname(target), { recursive: true })
+    fs.writeFileSync(target, 'not a model')
+    const got = await mlx.pullDefaultModel({ home })
+    assert.equal(got, target)
+    const good = fs.readFileSync(fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf'))
+    const hash = (b) => crypto.createHash('sha256').update(b).digest('hex')
+    assert.equal(hash(fs.readFileSync(got)), hash(good))
+    // Idempotent: an intact copy is kept as it is.
+    const before = fs.statSync(got).mtimeMs
+    assert.equal(await mlx.pullDefaultModel({ home }), target)
+    assert.equal(fs.statSync(got).mtimeMs, before)
+  } finally {
+    fs.rmSync(home, { recursive: true, force: true })
+  }
+})
