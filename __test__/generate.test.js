@@ -116,7 +116,7 @@ describe('generate on a tiny random llama', () => {
 })
 
 describe('generate on SmolLM2 (real weights)', () => {
-  test('the chat answer streams as readable text', async () => {
+  test('the chat answer streams as readable text', { timeout: 120_000 }, async () => {
     const gguf = fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf')
     const [model, tok, tpl] = [await mlx.loadModel(gguf), mlx.loadTokenizer(gguf), mlx.ChatTemplate.load(gguf)]
     const ids = tok.encode(tpl.render([{ role: 'user', content: 'What is the capital of France?' }]), false)
