@@ -4,7 +4,8 @@
 use mlx_rs::{ops, Array, Dtype};
 
 use super::config::ModelConfig;
-use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm};
+use super::layers::{Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
+use super::weights::Weights;
 use super::LanguageModel;
 use crate::cache::{KvCache, LayerCache, Mask, RotatingKvCache};
 use crate::error::Result;
@@ -23,6 +24,21 @@ pub struct Block {
 }
 
 impl Block {
+    /// Layer `i` of the common pre-norm layout: `input_layernorm` → attention,
+    /// `post_attention_layernorm` → SwiGLU MLP (`fused_mlp`: one `gate_up_proj`).
+    pub fn pre_norm(w: &Weights, cfg: &ModelConfig, i: usize, spec: AttentionSpec, fused_mlp: bool, sliding: bool) -> Result<Block> {
+        let (p, d, eps) = (format!("model.layers.{i}"), cfg.hidden_size, cfg.rms_norm_eps);
+        Ok(Block {
+            input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+            attn: Attention::load(w, cfg, &format!("{p}.self_attn"), spec)?,
+            post_attn_norm: None,
+            pre_mlp_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?,
+            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), Activation::Silu, fused_mlp)?,
+            post_mlp_norm: None,
+            sliding,
+        })
+    }
+
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let mut r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
         if let Some(n) = &self.post_attn_norm {
@@ -51,8 +67,21 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// `model.embed_tokens`, `layers`, `model.norm` and `lm_head` (absent when `tied`).
+    pub fn assemble(w: &Weights, cfg: ModelConfig, layers: Vec<Block>, tied: bool, sliding_window: usize) -> Result<Decoder> {
+        Ok(Decoder {
+            embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", cfg.vocab_size, cfg.hidden_size)?,
+            embed_scale: None,
+            layers,
+            norm: RmsNorm::load(w, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
+            lm_head: Self::lm_head(w, &cfg, tied)?,
+            sliding_window,
+            config: cfg,
+        })
+    }
+
     /// `lm_head`, or `None` when the output projection is tied to the embedding.
-    pub fn lm_head(w: &super::weights::Weights, cfg: &ModelConfig, tied: bool) -> Result<Option<Linear>> {
+    pub fn lm_head(w: &Weights, cfg: &ModelConfig, tied: bool) -> Result<Option<Linear>> {
         if tied {
             return Ok(None);
         }

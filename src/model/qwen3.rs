@@ -2,15 +2,14 @@
 //! `head_dim`, no projection biases.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Activation, Attention, AttentionSpec, Embedding, Mlp, NormKind, RmsNorm, Rope};
+use super::layers::{AttentionSpec, NormKind, Rope};
 use super::weights::Weights;
 use crate::error::Result;
 
 pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
-    let (d, eps, hd) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.head_dim);
+    let hd = cfg.head_dim;
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
-            let p = format!("model.layers.{i}");
             let spec = AttentionSpec {
                 head_dim: hd,
                 qkv_bias: false,
@@ -20,24 +19,9 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
                 scale: (hd as f32).powf(-0.5),
                 rope: Rope::new(&cfg, hd, None)?,
             };
-            Ok(Block {
-                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
-                attn: Attention::load(w, &cfg, &format!("{p}.self_attn"), spec)?,
-                post_attn_norm: None,
-                pre_mlp_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?,
-                mlp: Mlp::load(w, &cfg, &format!("{p}.mlp"), Activation::Silu, false)?,
-                post_mlp_norm: None,
-                sliding: false,
-            })
+            Block::pre_norm(w, &cfg, i, spec, false, false)
         })
         .collect::<Result<_>>()?;
-    Ok(Decoder {
-        embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", cfg.vocab_size, d)?,
-        embed_scale: None,
-        layers,
-        norm: RmsNorm::load(w, "model.norm", d, eps)?,
-        lm_head: Decoder::lm_head(w, &cfg, cfg.tie_word_embeddings.unwrap_or(true))?,
-        sliding_window: 0,
-        config: cfg,
-    })
+    let tied = cfg.tie_word_embeddings.unwrap_or(true);
+    Decoder::assemble(w, cfg, layers, tied, 0)
 }
