@@ -613,6 +613,19 @@ fn min_value_bytes(ty: u32) -> Option<usize> {
     })
 }
 
+/// For tests on real model files: the GGUF named by environment variable `var`, `None` (with a
+/// note) when it is unset, and a failure when it names a missing file.
+#[cfg(test)]
+pub(crate) fn test_file(var: &str) -> Option<Gguf> {
+    let Some(path) = std::env::var_os(var) else {
+        eprintln!("{var} is not set; nothing to check");
+        return None;
+    };
+    let path = PathBuf::from(path);
+    assert!(path.is_file(), "{var}={} does not exist", path.display());
+    Some(Gguf::open(&path).unwrap())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -1032,17 +1045,7 @@ pub(crate) mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
     fn reads_real_smollm2() {
-        let Some(path) = std::env::var_os("MLX_BUN_TEST_GGUF") else {
-            eprintln!("MLX_BUN_TEST_GGUF is not set; nothing to check");
-            return;
-        };
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "MLX_BUN_TEST_GGUF={} does not exist",
-            path.display()
-        );
-        let g = Gguf::open(&path).unwrap();
+        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
         assert_eq!((g.version, g.architecture()), (3, Some("llama")));
         assert_eq!(g.get_u64("llama.block_count"), Some(30));
         assert_eq!(g.get_u64("llama.embedding_length"), Some(576));

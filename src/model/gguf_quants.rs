@@ -375,13 +375,7 @@ mod tests {
     #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
     fn real_gemma3_tensors_match_gguf_py() {
         use sha2::{Digest, Sha256};
-        let Some(path) = std::env::var_os("MLX_BUN_TEST_GEMMA_GGUF") else {
-            eprintln!("MLX_BUN_TEST_GEMMA_GGUF is not set; nothing to check");
-            return;
-        };
-        let path = std::path::PathBuf::from(path);
-        assert!(path.is_file(), "MLX_BUN_TEST_GEMMA_GGUF={} does not exist", path.display());
-        let g = crate::model::gguf::Gguf::open(&path).unwrap();
+        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GEMMA_GGUF") else { return };
         let values = |name: &str| {
             let t = g.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
             let n = t.n_elements().unwrap() as usize;

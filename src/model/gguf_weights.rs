@@ -630,13 +630,7 @@ mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
     fn loads_real_gemma3() {
-        let Some(path) = std::env::var_os("MLX_BUN_TEST_GEMMA_GGUF") else {
-            eprintln!("MLX_BUN_TEST_GEMMA_GGUF is not set; nothing to check");
-            return;
-        };
-        let path = std::path::PathBuf::from(path);
-        assert!(path.is_file(), "MLX_BUN_TEST_GEMMA_GGUF={} does not exist", path.display());
-        let g = Gguf::open(&path).unwrap();
+        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GEMMA_GGUF") else { return };
         let (w, cfg) = load(&g).unwrap();
         assert_eq!(cfg.model_type, "gemma3_text");
         assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), (640, 18, 256, 262144));

@@ -468,17 +468,8 @@ pub(crate) mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
     fn real_smollm2_vocabulary() {
-        let Some(path) = std::env::var_os("MLX_BUN_TEST_GGUF") else {
-            eprintln!("MLX_BUN_TEST_GGUF is not set; nothing to check");
-            return;
-        };
-        let path = std::path::PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "MLX_BUN_TEST_GGUF={} does not exist",
-            path.display()
-        );
-        let tok = Tokenizer::from_gguf(&Gguf::open(&path).unwrap()).unwrap();
+        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
+                let tok = Tokenizer::from_gguf(&g).unwrap();
         assert_eq!(tok.encode("Hello world!", true).unwrap(), [19556, 905, 17]);
         let text = "<|im_start|>user\n日本語 123  🤗<|im_end|>\n";
         let expected = [

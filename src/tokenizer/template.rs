@@ -740,17 +740,8 @@ mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
     fn real_smollm2_template() {
-        let Some(path) = std::env::var_os("MLX_BUN_TEST_GGUF") else {
-            eprintln!("MLX_BUN_TEST_GGUF is not set; nothing to check");
-            return;
-        };
-        let path = std::path::PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "MLX_BUN_TEST_GGUF={} does not exist",
-            path.display()
-        );
-        let t = ChatTemplate::from_gguf(&Gguf::open(&path).unwrap())
+        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
+                let t = ChatTemplate::from_gguf(&g)
             .unwrap()
             .unwrap();
         let out = t
