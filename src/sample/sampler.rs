@@ -192,7 +192,7 @@ mod tests {
         let s = Sampler::new(opts, history).unwrap();
         let (t, lp) = s.sample(&Array::from_slice(logits, &[1, logits.len() as i32]), step).unwrap();
         lp.eval().unwrap();
-        (t.item::<u32>(), lp.as_slice::<f32>().to_vec())
+        (t.item_exact::<u32>(), lp.as_slice::<f32>().to_vec())
     }
 
     #[test]
