@@ -17,6 +17,13 @@ export type ErrorCode =
   | 'MODEL_DISPOSED'
   | 'MLX_ERROR'
   | 'IO_ERROR'
+  | 'ADMISSION_REJECTED'
+  | 'NOT_A_STREAM'
+  | 'ALREADY_CONSUMED'
+  | 'CONCURRENT_NEXT'
+  | 'METHOD_PROTOCOL'
+  | 'CANCELLED'
+  | 'AGGREGATE_ERROR'
 
 export interface MlxBunError extends Error {
   code: ErrorCode
@@ -146,6 +153,144 @@ export class Generation implements AsyncIterable<GeneratedToken> {
 
 /** Streams tokens for `promptTokens`; throws `INVALID_OPTION` / `INVALID_PROMPT` synchronously. */
 export function generate(model: Model, promptTokens: ArrayLike<number>, options?: GenerateOptions): Generation
+
+/** Engine limits (Rust: `engine::EngineOptions`); each must be a positive safe integer. */
+export interface EngineOptions {
+  /** A stream session whose consumer does not call `next()` for this long is cancelled (`consumer_idle`). Default 30000. */
+  idleTimeoutMs?: number
+  /** Events a stream session buffers before its producer waits. Default 32. */
+  maxQueuedEvents?: number
+  /** Tokens a stream session buffers before its producer waits; commits are split into chunks of at most this. Default 256. */
+  maxQueuedTokens?: number
+  /** Most alternatives per token a session delivers. Default 20. */
+  maxTopLogprobs?: number
+  /** Output tokens all collect sessions of the engine may reserve together. Default 65536. */
+  maxCollectTokens?: number
+  /** Sessions that run at once; the rest wait in FIFO order. Default 8. */
+  maxActive?: number
+  /** Open sessions beyond `maxActive` before `open` throws `ADMISSION_REJECTED`. Default 64. */
+  maxQueued?: number
+  /** Tokenizer for `messages` requests. Default: the one beside the model. */
+  tokenizer?: Tokenizer
+  /** Chat template for `messages` requests. Default: the model's own. */
+  chatTemplate?: ChatTemplate
+}
+
+/** One generation request: `promptTokens` or chat `messages`, plus every generate option. */
+export interface GenerationRequest extends Omit<GenerateOptions, 'signal'> {
+  promptTokens?: ArrayLike<number>
+  /** Rendered with the engine's chat template (generation prompt added) and tokenized without special tokens. */
+  messages?: ChatMessage[]
+  /** Passed to the chat template with `messages`. */
+  chat?: { tools?: unknown[] | null; enableThinking?: boolean; extra?: Record<string, unknown> }
+}
+
+/** How a session delivers its tokens (Rust: `engine::session::OutputMode`). */
+export interface RunControl {
+  /**
+   * `stream` (default): iterate `session.events`; starts on the first `next()`.
+   * `collect`: starts at once; tokens arrive in `result.output`; logprobs are not allowed.
+   * `callback`: starts at once; `onTokens` receives each batch of committed tokens, is awaited, and ends output by returning `false`.
+   */
+  output?: 'stream' | 'collect' | 'callback'
+  onTokens?: (tokenIds: number[], logprobs?: TokenLogprobs[]) => void | boolean | Promise<void | boolean>
+  /** Aborting cancels the session with reason `requested`. */
+  signal?: AbortSignal
+}
+
+export interface TokenLogprobs {
+  logprob: number
+  top?: { id: number; logprob: number }[]
+}
+
+export type CancelReason = 'requested' | 'consumer_closed' | 'consumer_idle' | 'engine_closed'
+export type SessionState = 'created' | 'preparing' | 'running' | 'settling' | 'terminal'
+
+export type GenerationEvent =
+  /** `sequence` counts committed events from 0; arrays are copies the consumer owns. */
+  | { type: 'committed'; sequence: number; tokenIds: number[]; logprobs?: TokenLogprobs[] }
+  /** Prompt processing: `completed` of `total` prompt tokens. */
+  | { type: 'progress'; completed: number; total?: number }
+
+interface OutcomeCommon {
+  /** Tokens committed to the consumer. */
+  committedTokens: number
+  /** Collect mode: the committed tokens. */
+  output?: Uint32Array
+  /** Timings so far (also for cancelled and failed sessions of a model). */
+  metrics?: GenerateStats
+}
+
+/** How a session ended (Rust: `engine::session::Outcome`); precedence cancelled > failed > completed. */
+export type GenerationOutcome =
+  | (OutcomeCommon & { status: 'completed'; result: { finishReason: 'stop' | 'length'; metrics: GenerateStats } })
+  | (OutcomeCommon & { status: 'cancelled'; reason: CancelReason })
+  | (OutcomeCommon & {
+      status: 'failed'
+      error: {
+        /** `cleanup_failed` when releasing the run failed (then `cleanupError` says why). */
+        code: 'execution_failed' | 'cleanup_failed'
+        message: string
+        cleanupError?: string
+        /** The typed code of the underlying error, when it had one. */
+        cause?: ErrorCode
+      }
+    })
+
+/** One generation (Rust: `engine::session::Session`). */
+export interface GenerationSession {
+  readonly id: string
+  readonly state: SessionState
+  /** Stream sessions only: one consumer; `next()` calls must not overlap; `return()` closes the session. */
+  readonly events: AsyncIterable<GenerationEvent>
+  readonly result: Promise<GenerationOutcome>
+  /** Drops queued events and stops the session; resolves after `result`. */
+  cancel(reason?: CancelReason): Promise<void>
+  /** `cancel('consumer_closed')`. */
+  close(): Promise<void>
+}
+
+export interface EngineStats {
+  /** Sessions not yet terminal. */
+  liveSessions: number
+  /** Sessions holding an execution lease. */
+  running: number
+  /** Output tokens reserved by collect sessions. */
+  reservedCollectTokens: number
+}
+
+/** mlx-bun's `InferenceEngine` over one model. */
+export interface InferenceEngine {
+  /** Throws `ENGINE_CLOSED` after `close()`, `ADMISSION_REJECTED` when full, `INVALID_OPTION` / `INVALID_PROMPT` for bad input. */
+  open(request: GenerationRequest, control?: RunControl): GenerationSession
+  /** Cancels every session with `engine_closed`; resolves when all are terminal. */
+  close(): Promise<void>
+  readonly closed: boolean
+  readonly stats: EngineStats
+}
+
+export function createEngine(model: Model, options?: EngineOptions): InferenceEngine
+
+/** One step of a scripted method (`testing.createScriptedEngine`). */
+export interface ScriptStep {
+  commit?: number[]
+  logprobs?: TokenLogprobs[]
+  progress?: { completed: number; total?: number }
+  /** The method fails with this message. */
+  fail?: string
+  /** Runs this step this many times. Default 1. */
+  repeat?: number
+}
+
+/** Session-contract testing: an engine whose method replays a script instead of a model. */
+export const testing: {
+  createScriptedEngine(
+    script: { steps: ScriptStep[]; outputTokenLimit?: number; finishReason?: 'stop' | 'length'; cleanupError?: string },
+    options?: EngineOptions,
+  ): InferenceEngine
+  /** Sessions alive across all engines (for leak checks). */
+  liveSessions(): number
+}
 
 /** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */
 export class Tokenizer {

@@ -27,6 +27,8 @@ const native = loadNative()
 native.installExitHook()
 
 const CODED = /^([A-Z][A-Z0-9_]+): ([\s\S]*)$/
+// napi's own argument conversion errors (a string where a number belongs, ...) are bad options.
+const NAPI_ARG = new Set(['InvalidArg', 'ObjectExpected', 'StringExpected', 'NameExpected', 'FunctionExpected', 'NumberExpected', 'BooleanExpected', 'ArrayExpected', 'BigintExpected'])
 
 /** Moves the `CODE: ` prefix of a native error message into `err.code`. */
 function mapError(e) {
@@ -35,9 +37,15 @@ function mapError(e) {
     if (m) {
       e.code = m[1]
       e.message = m[2]
+    } else if (NAPI_ARG.has(e.code)) {
+      e.code = 'INVALID_OPTION'
     }
   }
   return e
+}
+
+function coded(code, message) {
+  return Object.assign(new Error(message), { code })
 }
 
 function wrap(fn) {
@@ -53,7 +61,7 @@ function wrap(fn) {
 }
 
 // Native methods throw coded errors; map them at the source, once.
-for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeGeneration]) {
+for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeEngine, native.NativeSession]) {
   for (const key of Object.getOwnPropertyNames(cls.prototype)) {
     const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
     if (key !== 'constructor' && typeof d.value === 'function') {
@@ -73,69 +81,281 @@ class ChatTemplate extends native.ChatTemplate {
   static fromString = wrap((source, bosToken, eosToken) => native.ChatTemplate.fromString(source, bosToken, eosToken))
 }
 
+/** A native event batch, read back one `GenerationEvent` at a time. */
+class BatchReader {
+  constructor(b) {
+    this.b = b
+    this.event = 0
+    this.token = 0
+    this.progress = 0
+    this.sequence = b.firstSequence
+  }
+
+  get empty() {
+    return this.event >= this.b.counts.length
+  }
+
+  next() {
+    const b = this.b
+    const n = b.counts[this.event++]
+    if (n < 0) {
+      const completed = b.progress[this.progress]
+      const total = b.progress[this.progress + 1]
+      this.progress += 2
+      return Number.isNaN(total) ? { type: 'progress', completed } : { type: 'progress', completed, total }
+    }
+    const start = this.token
+    this.token += n
+    const event = { type: 'committed', sequence: this.sequence++, tokenIds: Array.from(b.tokens.subarray(start, start + n)) }
+    if (b.logprobs && n > 0 && b.logprobs[start] != null) event.logprobs = b.logprobs.slice(start, start + n)
+    return event
+  }
+}
+
+function toOutcome(o) {
+  const out = { status: o.status, committedTokens: o.committedTokens }
+  if (o.status === 'completed') out.result = o.result
+  else if (o.status === 'cancelled') out.reason = o.reason
+  else out.error = o.error
+  if (o.output) out.output = o.output
+  if (o.metrics && o.status !== 'completed') out.metrics = o.metrics
+  return out
+}
+
+/**
+ * One generation of an engine (mlx-bun's GenerationSession). The state machine, queue bounds and
+ * idle timer live in Rust; this adapts batched native delivery to per-event iteration.
+ */
+class GenerationSession {
+  #native
+  #result
+  #reader = null
+  #reading = false
+
+  constructor(nativeSession, output, onTokens, signal) {
+    this.#native = nativeSession
+    if (signal) {
+      const onAbort = () => this.cancel('requested').catch(() => {})
+      if (signal.aborted) onAbort()
+      else {
+        signal.addEventListener('abort', onAbort, { once: true })
+        this.result.then(() => signal.removeEventListener('abort', onAbort))
+      }
+    }
+    if (output === 'callback') this.#pump(onTokens)
+  }
+
+  get id() {
+    return this.#native.id
+  }
+
+  get state() {
+    return this.#native.state
+  }
+
+  /** Created on first use, so a session nobody holds can be collected (and is then closed). */
+  get result() {
+    return (this.#result ??= this.#native.outcome().then(toOutcome))
+  }
+
+  get events() {
+    return { [Symbol.asyncIterator]: () => this.#iterator() }
+  }
+
+  async cancel(reason) {
+    this.#reader = null
+    this.#native.cancel(reason)
+    await this.result
+  }
+
+  close() {
+    return this.cancel('consumer_closed')
+  }
+
+  #iterator() {
+    this.#native.claimReader()
+    const iterator = {
+      next: () => this.#next(),
+      return: async () => {
+        await this.close()
+        return { done: true, value: undefined }
+      },
+      throw: async (error) => {
+        await this.close()
+        throw error
+      },
+      [Symbol.asyncIterator]: () => iterator,
+    }
+    return iterator
+  }
+
+  async #next() {
+    if (this.#reading) throw coded('CONCURRENT_NEXT', 'concurrent next() is not supported')
+    this.#reading = true
+    try {
+      if (this.#reader === null || this.#reader.empty) {
+        const batch = await this.#native.nextBatch()
+        if (batch === null) return { done: true, value: undefined }
+        this.#reader = new BatchReader(batch)
+      }
+      const event = this.#reader.next()
+      this.#native.consumed(1)
+      return { done: false, value: event }
+    } finally {
+      this.#reading = false
+    }
+  }
+
+  /** Callback mode: hands each batch of committed tokens to `onTokens` and awaits it. */
+  async #pump(onTokens) {
+    const native = this.#native
+    for (;;) {
+      const batch = await native.nextBatch().catch(() => null)
+      if (batch === null) return
+      const events = batch.counts.length
+      if (batch.counts.some((n) => n >= 0)) {
+        let r
+        try {
+          const lp = batch.logprobs ? batch.logprobs.map((l) => l ?? undefined) : undefined
+          r = await onTokens(Array.from(batch.tokens), lp)
+        } catch (e) {
+          native.consumed(events)
+          native.failOutput(e instanceof Error ? e.message : String(e))
+          continue
+        }
+        native.consumed(events)
+        if (r === false) native.stopOutput()
+      } else {
+        native.consumed(events)
+      }
+    }
+  }
+}
+
+/** mlx-bun's InferenceEngine over one model: `open` sessions, `close` them all. */
+class InferenceEngine {
+  #native
+
+  constructor(nativeEngine) {
+    this.#native = nativeEngine
+  }
+
+  open(request, control = {}) {
+    if (request === null || typeof request !== 'object') throw coded('INVALID_OPTION', 'request: must be an object')
+    if (control === null || typeof control !== 'object') throw coded('INVALID_OPTION', 'control: must be an object')
+    const { promptTokens, messages, chat, signal: _ignored, ...options } = request
+    const { output = 'stream', onTokens, signal } = control
+    if (typeof output !== 'string') throw coded('INVALID_OPTION', `output: must be 'stream', 'collect' or 'callback'`)
+    if (onTokens !== undefined && typeof onTokens !== 'function') throw coded('INVALID_OPTION', 'onTokens: must be a function')
+    if (signal !== undefined && (signal === null || typeof signal.addEventListener !== 'function')) {
+      throw coded('INVALID_OPTION', 'signal: must be an AbortSignal')
+    }
+    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function')
+    return new GenerationSession(session, output, onTokens, signal)
+  }
+
+  close() {
+    return this.#native.close()
+  }
+
+  get closed() {
+    return this.#native.closed
+  }
+
+  get stats() {
+    return this.#native.stats
+  }
+}
+
+function engineOptions(options) {
+  if (options === null || typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
+  const { tokenizer, chatTemplate, ...rest } = options
+  return [rest, tokenizer ?? null, chatTemplate ?? null]
+}
+
+/** `createEngine(model, options)`: sessions over `model` with mlx-bun's limits (see index.d.ts). */
+function createEngine(model, options = {}) {
+  const [rest, tokenizer, chatTemplate] = engineOptions(options)
+  return new InferenceEngine(wrap(native.createEngineNative)(model, rest, tokenizer, chatTemplate))
+}
+
+const testing = {
+  /** An engine whose sessions replay `script` instead of running a model. */
+  createScriptedEngine(script, options = {}) {
+    const [rest] = engineOptions(options)
+    return new InferenceEngine(wrap(native.createScriptedEngineNative)(script, rest))
+  },
+  liveSessions: () => native.liveSessionsNative(),
+}
+
+// generate() runs on one engine per model that never cancels idle consumers and never rejects.
+const generateEngines = new WeakMap()
+
+function generateEngine(model) {
+  let engine = generateEngines.get(model)
+  if (engine === undefined) {
+    engine = createEngine(model, { idleTimeoutMs: Number.MAX_SAFE_INTEGER, maxQueued: Number.MAX_SAFE_INTEGER - 8 })
+    generateEngines.set(model, engine)
+  }
+  return engine
+}
+
 /**
  * A running generation: iterate it once with `for await`. `stats` and `finishReason` are set when
  * it ends, including after `break` or an abort.
  */
 class Generation {
-  #native
-  #signal
+  #session
   #started = false
 
-  constructor(nativeGeneration, signal) {
-    this.#native = nativeGeneration
-    this.#signal = signal
+  constructor(session) {
+    this.#session = session
     this.stats = undefined
     this.finishReason = undefined
   }
 
   /** Stops generating; the iteration then ends with `finishReason === 'cancelled'`. */
   cancel() {
-    this.#native.cancel()
+    this.#session.cancel('requested').catch(() => {})
   }
 
   [Symbol.asyncIterator]() {
-    if (this.#started) throw Object.assign(new Error('a Generation can be iterated only once'), { code: 'ALREADY_CONSUMED' })
+    if (this.#started) throw coded('ALREADY_CONSUMED', 'a Generation can be iterated only once')
     this.#started = true
     return this.#iterate()
   }
 
-  #finish(batch) {
-    this.stats = batch.stats
-    this.finishReason = batch.finishReason
+  #finish(o) {
+    this.stats = o.status === 'completed' ? o.result.metrics : o.metrics
+    this.finishReason = o.status === 'completed' ? o.result.finishReason : 'cancelled'
   }
 
   async *#iterate() {
-    const signal = this.#signal
-    const onAbort = () => this.#native.cancel()
-    if (signal?.aborted) onAbort()
-    signal?.addEventListener('abort', onAbort, { once: true })
+    const session = this.#session
+    const events = session.events[Symbol.asyncIterator]()
     let index = 0
     try {
-      for (;;) {
-        const batch = await this.#native.nextBatch()
-        if (batch === null) return
-        const { tokens, logprobs } = batch
-        for (let i = 0; i < tokens.length; i++) {
-          const t = { token: tokens[i], index: index++ }
-          if (logprobs) t.logprobs = logprobs[i]
+      for (let r = await events.next(); !r.done; r = await events.next()) {
+        const e = r.value
+        if (e.type !== 'committed') continue
+        for (let i = 0; i < e.tokenIds.length; i++) {
+          const t = { token: e.tokenIds[i], index: index++ }
+          if (e.logprobs) t.logprobs = e.logprobs[i]
           yield t
         }
-        if (batch.error) throw mapError(new Error(batch.error))
-        if (batch.stats) return this.#finish(batch)
+      }
+      const outcome = await session.result
+      this.#finish(outcome)
+      if (outcome.status === 'failed') {
+        const { cause, message } = outcome.error
+        throw coded(cause ?? 'MLX_ERROR', message)
       }
     } finally {
-      signal?.removeEventListener('abort', onAbort)
       if (this.stats === undefined) {
-        // Left early (break, return, throw): stop the engine and wait for its final stats so
+        // Left early (break, return, throw): stop the engine and wait for the final stats so
         // nothing stays pending and native state is released.
-        this.#native.cancel()
-        for (let batch; (batch = await this.#native.nextBatch().catch(() => null)) !== null; ) {
-          if (batch.stats) {
-            this.#finish(batch)
-            break
-          }
-        }
+        await session.close()
+        this.#finish(await session.result)
       }
     }
   }
@@ -147,7 +367,8 @@ class Generation {
  */
 function generate(model, promptTokens, options = {}) {
   const { signal, ...rest } = options ?? {}
-  return new Generation(model.generate(promptTokens, rest), signal)
+  const session = generateEngine(model).open({ ...rest, promptTokens }, signal ? { signal } : {})
+  return new Generation(session)
 }
 
 /** mlx-bun 0.5's placement policy; the result is frozen, as in mlx-bun. */
@@ -159,6 +380,10 @@ function resolveExecution(request, capabilities, features) {
 module.exports = {
   generate,
   Generation,
+  createEngine,
+  InferenceEngine,
+  GenerationSession,
+  testing,
   loadModelConfig: wrap(native.loadModelConfig),
   loadModel: wrap(native.loadModel),
   createModel: wrap(native.createModel),

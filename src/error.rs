@@ -34,6 +34,21 @@ pub enum Error {
     Mlx(String),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("the engine is full: {0}")]
+    AdmissionRejected(String),
+    #[error("collect and callback sessions return their output through result, not events")]
+    NotAStream,
+    #[error("generation events have one consumer")]
+    AlreadyConsumed,
+    #[error("concurrent next() is not supported")]
+    ConcurrentNext,
+    /// A method broke the session's publication rules (its outcome is `execution_failed`).
+    #[error("{0}")]
+    Protocol(String),
+    #[error("cancelled ({0})")]
+    Cancelled(&'static str),
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Aggregate(Vec<Error>),
 }
 
 impl Error {
@@ -55,6 +70,13 @@ impl Error {
             Error::ModelDisposed => "MODEL_DISPOSED",
             Error::Mlx(_) => "MLX_ERROR",
             Error::Io { .. } => "IO_ERROR",
+            Error::AdmissionRejected(_) => "ADMISSION_REJECTED",
+            Error::NotAStream => "NOT_A_STREAM",
+            Error::AlreadyConsumed => "ALREADY_CONSUMED",
+            Error::ConcurrentNext => "CONCURRENT_NEXT",
+            Error::Protocol(_) => "METHOD_PROTOCOL",
+            Error::Cancelled(_) => "CANCELLED",
+            Error::Aggregate(_) => "AGGREGATE_ERROR",
         }
     }
 

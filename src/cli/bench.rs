@@ -4,7 +4,8 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::engine::{Engine, Event, GenerateStats};
+use crate::engine::session::OutputMode;
+use crate::engine::{Engine, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::open_source;
 use crate::sample::GenerateOptions;
@@ -14,19 +15,13 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32) -> 
     let vocab = config.vocab_size as u32;
     let engine = Engine::get();
     let model = engine.load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
+    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {
         let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), ..Default::default() };
-        let mut events = engine.generate(model, prompt.clone(), opts).events;
-        while let Some(e) = events.blocking_recv() {
-            match e {
-                Event::Token { .. } => {}
-                Event::Done { stats, .. } => return Ok(stats),
-                Event::Failed(e) => return Err(e),
-            }
-        }
-        Err(Error::EngineClosed)
+        let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts }, OutputMode::Stream)?;
+        Ok(session.read_blocking(|_| Ok(()))?.into_result()?.metrics)
     };
     run(8)?;
     let runs: Vec<GenerateStats> = (0..repeats).map(|_| run(gen_tokens)).collect::<Result<_>>()?;

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
-use crate::engine::{Engine, Event, FinishReason};
+use crate::engine::session::{OutputMode, SessionEvent};
+use crate::engine::{Engine, EngineOptions, FinishReason, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::convert::{self, ConvertOptions};
 use crate::model::open_source;
@@ -146,34 +147,36 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions) ->
     let mut eos = config.eos_token_ids.clone();
     eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
     opts.eos_token_ids = Some(eos);
-    let engine = Engine::get();
-    let model = engine.load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
-    let mut events = engine.generate(model, ids, opts).events;
+    let vocab_size = config.vocab_size;
+    let model = Engine::get().load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
+    let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
+    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts }, OutputMode::Stream)?;
     let mut decoder = StreamDecoder::new(&tokenizer, true);
     let mut stdout = std::io::stdout().lock();
-    while let Some(event) = events.blocking_recv() {
-        match event {
-            Event::Token { id, .. } => {
+    let outcome = session.read_blocking(|event| {
+        if let SessionEvent::Committed { token_ids, .. } = event {
+            for &id in token_ids {
                 let _ = write!(stdout, "{}", decoder.push(id)?);
-                let _ = stdout.flush();
             }
-            Event::Done { reason, stats } => {
-                let _ = writeln!(stdout, "{}", decoder.finish()?);
-                eprintln!(
-                    "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | peak memory {:.0} MB{}",
-                    stats.prompt_tokens,
-                    stats.prefill_tps,
-                    stats.generated_tokens,
-                    stats.decode_tps,
-                    stats.peak_memory_bytes as f64 / 1e6,
-                    if reason == FinishReason::Length { " (stopped at --max-tokens)" } else { "" }
-                );
-                break;
-            }
-            Event::Failed(e) => return Err(e),
+            let _ = stdout.flush();
         }
-    }
-    engine.unload(model);
+        Ok(())
+    })?;
+    let result = outcome.into_result()?;
+    let _ = writeln!(stdout, "{}", decoder.finish()?);
+    let stats = result.metrics;
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | peak memory {:.0} MB{}",
+        stats.prompt_tokens,
+        stats.prefill_tps,
+        stats.generated_tokens,
+        stats.decode_tps,
+        stats.peak_memory_bytes as f64 / 1e6,
+        if result.finish_reason == FinishReason::Length { " (stopped at --max-tokens)" } else { "" }
+    );
+    drop(session);
+    drop(engine);
+    Engine::get().unload(model);
     Ok(())
 }
 

@@ -1,18 +1,13 @@
-//! What a generation reports: tokens as they are committed, then one terminal event.
-use serde::Serialize;
+//! What a finished generation reports: why it stopped and its timings.
+use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
-use crate::sample::logprobs::TokenLogprobs;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
     /// An end-of-sequence token was produced (it is not reported as a token).
     Stop,
     /// `maxTokens` was reached.
     Length,
-    /// The consumer cancelled.
-    Cancelled,
 }
 
 /// Timings with mlx-lm's semantics: the prompt clock stops when the first token is ready; decode
@@ -30,11 +25,4 @@ pub struct GenerateStats {
     /// Positions in the KV cache at the end: prompt plus forwarded tokens.
     pub cache_tokens: u32,
     pub peak_memory_bytes: u64,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    Token { id: u32, logprobs: Option<TokenLogprobs> },
-    Done { reason: FinishReason, stats: GenerateStats },
-    Failed(Error),
 }

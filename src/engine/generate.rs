@@ -1,18 +1,18 @@
-//! One autoregressive generation as a step machine the engine thread advances a unit at a time:
-//! prefill chunks first (all prompt tokens but the last, as mlx-lm does), then decode steps.
+//! The autoregressive method: one generation as a step machine the engine thread advances a unit
+//! at a time: prefill chunks first (all prompt tokens but the last, as mlx-lm does), then decode
+//! steps.
 //! Decode is pipelined: step n+1's graph is built and handed to `async_eval` before token n is
 //! read back, so graph construction overlaps evaluation.
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::events::{Event, FinishReason, GenerateStats};
+use super::events::{FinishReason, GenerateStats};
+use super::method::{MethodRun, Plan, Step as RunStep};
+use super::session::{MethodResult, Output};
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -37,20 +37,20 @@ pub struct Generation {
     sampler: Sampler,
     pending: Option<Step>,
     generated: u32,
-    sink: UnboundedSender<Event>,
-    cancel: Arc<AtomicBool>,
     started: Instant,
     first_token: Option<Instant>,
 }
 
 impl Generation {
-    pub fn new(
-        model: Rc<dyn LanguageModel>,
-        prompt: Vec<u32>,
-        opts: GenerateOptions,
-        sink: UnboundedSender<Event>,
-        cancel: Arc<AtomicBool>,
-    ) -> Result<Self> {
+    /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
+    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions) -> Plan {
+        Plan {
+            output_token_limit: f64::from(opts.max_tokens),
+            start: Box::new(move || Ok(Box::new(Generation::new(model, prompt, opts)?) as Box<dyn MethodRun>)),
+        }
+    }
+
+    pub fn new(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions) -> Result<Self> {
         let eos = opts.eos_token_ids.clone().unwrap_or_else(|| model.config().eos_token_ids.clone());
         let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
         Ok(Generation {
@@ -63,25 +63,21 @@ impl Generation {
             sampler,
             pending: None,
             generated: 0,
-            sink,
-            cancel,
             started: Instant::now(),
             first_token: None,
         })
     }
 
-    /// Whether the consumer is gone or asked to stop.
-    pub fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Acquire) || self.sink.is_closed()
+    fn done(&self, finish_reason: FinishReason) -> RunStep {
+        RunStep::Done(MethodResult { finish_reason, metrics: self.stats() })
     }
 
-    /// Runs one unit of work. Returns `Some(reason)` when the generation has finished; the
-    /// terminal event has then been sent.
-    pub fn advance(&mut self) -> Result<Option<FinishReason>> {
-        if self.cancelled() {
-            return Ok(Some(self.finish(FinishReason::Cancelled)));
+    fn advance(&mut self, out: &mut Output<'_>) -> Result<RunStep> {
+        if out.stopped() {
+            return Ok(self.done(FinishReason::Stop));
         }
-        let last = self.prompt.len() - 1;
+        let total = self.prompt.len();
+        let last = total - 1;
         if self.prefilled < last {
             let n = (last - self.prefilled).min(self.opts.prefill_chunk_size as usize);
             let chunk = &self.prompt[self.prefilled..self.prefilled + n];
@@ -89,12 +85,14 @@ impl Generation {
             eval(self.caches.iter().flat_map(|c| c.state()))?;
             mlx_rs::memory::clear_cache()?;
             self.prefilled += n;
-            return Ok(None);
+            out.progress(self.prefilled as f64, Some(total as f64))?;
+            return Ok(RunStep::Continue);
         }
         let Some(current) = self.pending.take() else {
             let first = self.forward(&ids(&self.prompt[last..]), 0)?;
             self.pending = Some(first);
-            return Ok(None);
+            out.progress(total as f64, Some(total as f64))?;
+            return Ok(RunStep::Continue);
         };
         // Queue the next step before reading this one, unless this is the last token allowed.
         if self.generated + 1 < self.opts.max_tokens {
@@ -107,18 +105,18 @@ impl Generation {
             self.first_token = Some(Instant::now());
         }
         if self.eos.contains(&id) {
-            return Ok(Some(self.finish(FinishReason::Stop)));
+            return Ok(self.done(FinishReason::Stop));
         }
         let logprobs = current.logprobs.as_ref().map(PendingLogprobs::read).transpose()?;
+        out.commit(&[id], logprobs.as_ref().map(std::slice::from_ref))?;
         self.generated += 1;
-        let _ = self.sink.send(Event::Token { id, logprobs });
         if self.generated % CLEAR_CACHE_EVERY == 0 {
             mlx_rs::memory::clear_cache()?;
         }
         if self.generated >= self.opts.max_tokens {
-            return Ok(Some(self.finish(FinishReason::Length)));
+            return Ok(self.done(FinishReason::Length));
         }
-        Ok(None)
+        Ok(RunStep::Continue)
     }
 
     /// Builds the graph for one decode step on `input` [1, L] and starts evaluating it.
@@ -140,11 +138,6 @@ impl Generation {
         Ok(Step { token, logprobs })
     }
 
-    fn finish(&mut self, reason: FinishReason) -> FinishReason {
-        let _ = self.sink.send(Event::Done { reason, stats: self.stats() });
-        reason
-    }
-
     pub fn stats(&self) -> GenerateStats {
         let now = Instant::now();
         let first = self.first_token.unwrap_or(now);
@@ -163,10 +156,20 @@ impl Generation {
             peak_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
         }
     }
+}
 
-    /// Reports a failure as the terminal event.
-    pub fn fail(&mut self, error: Error) {
-        let _ = self.sink.send(Event::Failed(error));
+impl MethodRun for Generation {
+    fn step(&mut self, out: &mut Output<'_>) -> Result<RunStep> {
+        self.advance(out)
+    }
+
+    fn metrics(&self) -> GenerateStats {
+        self.stats()
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        drop(self);
+        Ok(())
     }
 }
 

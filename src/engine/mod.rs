@@ -1,9 +1,15 @@
-//! The engine: the thread that owns MLX work, the generation step machine it runs, and the
-//! execution placement policy.
+//! The engine: the thread that owns MLX work, sessions (bounded delivery and lifecycle), the
+//! methods they run, and the execution placement policy.
+mod driver;
 pub mod events;
 mod generate;
+pub mod inference;
+pub mod method;
 pub mod plan;
+mod resources;
+pub mod session;
 mod thread;
 
-pub use events::{Event, FinishReason, GenerateStats};
-pub use thread::{Engine, GenerationHandle, ModelId};
+pub use events::{FinishReason, GenerateStats};
+pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
+pub use thread::{Engine, ModelId};

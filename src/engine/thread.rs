@@ -1,31 +1,36 @@
 //! The engine thread: one long-lived OS thread owns every model, KV cache and lazy graph, because
 //! MLX streams are per thread (a graph built on one thread cannot be evaluated on another, and
 //! every thread that touches MLX leaks a stream and a worker). Callers talk to it over a channel;
-//! it steps active generations round-robin, one unit each, and never waits on a consumer.
-use std::collections::{HashMap, VecDeque};
+//! it admits sessions, steps the runnable ones round-robin, one unit each, fires idle timers,
+//! and never waits on a consumer.
+use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use mlx_rs::Array;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::events::Event;
-use super::generate::Generation;
+use super::driver::{Advanced, Driver};
+use super::inference::{InferenceEngine, MethodSpec};
+use super::session::Session;
 use crate::error::{Error, Result};
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
 use crate::model::{create_model, LanguageModel};
-use crate::sample::{validate_prompt, GenerateOptions};
+use crate::sample::validate_prompt;
 
 pub type ModelId = u64;
 
 enum Command {
     Load { weights: Weights, config: ModelConfig, reply: oneshot::Sender<Result<ModelId>> },
     Unload(ModelId),
-    Generate { model: ModelId, prompt: Vec<u32>, opts: GenerateOptions, sink: mpsc::UnboundedSender<Event>, cancel: Arc<AtomicBool> },
+    Open { engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec },
+    /// A session started, was unblocked or cancelled.
+    Wake,
     Logits { model: ModelId, prompt: Vec<u32>, reply: oneshot::Sender<Result<Vec<f32>>> },
     /// Arbitrary MLX work that is not a model (conversion, benchmarks).
     Run(Box<dyn FnOnce() + Send>),
@@ -35,12 +40,6 @@ enum Command {
 #[derive(Clone)]
 pub struct Engine {
     tx: Sender<Command>,
-}
-
-/// A running generation as seen from outside the engine: its events and a cancel flag.
-pub struct GenerationHandle {
-    pub events: mpsc::UnboundedReceiver<Event>,
-    pub cancel: Arc<AtomicBool>,
 }
 
 static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -76,13 +75,15 @@ impl Engine {
         let _ = self.send(Command::Unload(model));
     }
 
-    pub fn generate(&self, model: ModelId, prompt: Vec<u32>, opts: GenerateOptions) -> GenerationHandle {
-        let (sink, events) = mpsc::unbounded_channel();
-        let cancel = Arc::new(AtomicBool::new(false));
-        if let Err(e) = self.send(Command::Generate { model, prompt, opts, sink: sink.clone(), cancel: cancel.clone() }) {
-            let _ = sink.send(Event::Failed(e));
+    /// Hands a new session to the engine thread.
+    pub fn open(&self, engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec) {
+        if let Err(e) = self.send(Command::Open { engine, session: session.clone(), spec }) {
+            session.finish(Err(e), Ok(()), None);
         }
-        GenerationHandle { events, cancel }
+    }
+
+    pub fn wake(&self) {
+        let _ = self.send(Command::Wake);
     }
 
     /// Runs `work` on the engine thread (where all MLX work belongs) and returns its result.
@@ -114,7 +115,10 @@ impl Engine {
 struct EngineLoop {
     rx: Receiver<Command>,
     models: HashMap<ModelId, Rc<dyn LanguageModel>>,
-    runs: VecDeque<Generation>,
+    /// Sessions in the order they were opened (admission is FIFO over it).
+    drivers: Vec<Driver>,
+    /// Round-robin position among the drivers.
+    cursor: usize,
     warmed: bool,
 }
 
@@ -122,30 +126,45 @@ static NEXT_MODEL: AtomicU64 = AtomicU64::new(1);
 
 impl EngineLoop {
     fn new(rx: Receiver<Command>) -> Self {
-        EngineLoop { rx, models: HashMap::new(), runs: VecDeque::new(), warmed: false }
+        EngineLoop { rx, models: HashMap::new(), drivers: Vec::new(), cursor: 0, warmed: false }
     }
 
     fn run(mut self) {
         loop {
-            let cmd = if self.runs.is_empty() {
-                self.settle();
-                match self.rx.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => return,
-                }
-            } else {
-                match self.rx.try_recv() {
-                    Ok(c) => Some(c),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => return,
-                }
+            let cmd = match self.rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Empty) => None,
             };
             let Some(_gate) = gate::enter() else { self.park() };
-            match cmd {
-                Some(c) => self.handle(c),
-                None => self.step(),
+            if let Some(c) = cmd {
+                self.handle(c);
+                gate::set_in_flight(true);
+                continue;
             }
-            gate::set_in_flight(true);
+            if self.step() {
+                gate::set_in_flight(true);
+                continue;
+            }
+            drop(_gate);
+            // Nothing runnable: go idle until a command arrives or an idle timer runs out.
+            self.settle();
+            let deadline = self.drivers.iter().filter_map(|d| d.session.idle_deadline()).min();
+            let cmd = match deadline {
+                Some(d) => match self.rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                },
+                None => match self.rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                },
+            };
+            let Some(_gate) = gate::enter() else { self.park() };
+            if let Some(c) = cmd {
+                self.handle(c);
+            }
         }
     }
 
@@ -180,19 +199,8 @@ impl EngineLoop {
             Command::Unload(id) => {
                 self.models.remove(&id);
             }
-            Command::Generate { model, prompt, opts, sink, cancel } => {
-                let started = self.model(model).and_then(|m| {
-                    validate_prompt(&prompt, m.config().vocab_size)?;
-                    opts.validate(m.config().vocab_size)?;
-                    Generation::new(m, prompt, opts, sink.clone(), cancel)
-                });
-                match started {
-                    Ok(g) => self.runs.push_back(g),
-                    Err(e) => {
-                        let _ = sink.send(Event::Failed(e));
-                    }
-                }
-            }
+            Command::Open { engine, session, spec } => self.drivers.push(Driver::new(engine, session, spec)),
+            Command::Wake => {}
             Command::Logits { model, prompt, reply } => {
                 let _ = reply.send(self.model(model).and_then(|m| last_logits(&*m, &prompt)));
             }
@@ -203,14 +211,37 @@ impl EngineLoop {
         }
     }
 
-    /// Advances the generation at the front of the queue by one unit, then rotates it to the back.
-    fn step(&mut self) {
-        let Some(mut g) = self.runs.pop_front() else { return };
-        match g.advance() {
-            Ok(None) => self.runs.push_back(g),
-            Ok(Some(_)) => {}
-            Err(e) => g.fail(e),
+    /// Fires idle timers, admits waiting sessions, then gives one unit of work to the next
+    /// runnable session after the last one served. Returns whether anything happened.
+    fn step(&mut self) -> bool {
+        let now = Instant::now();
+        for d in &self.drivers {
+            d.session.check_idle(now);
         }
+        for d in &mut self.drivers {
+            d.admit();
+        }
+        let models = &self.models;
+        let model = |id: ModelId| models.get(&id).cloned().ok_or(Error::ModelDisposed);
+        let n = self.drivers.len();
+        let mut worked = false;
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            match self.drivers[i].advance(&model) {
+                Advanced::Idle => continue,
+                Advanced::Worked => {}
+                Advanced::Terminal => {
+                    self.drivers.remove(i);
+                    if self.drivers.is_empty() {
+                        mlx_rs::memory::clear_cache().ok();
+                    }
+                }
+            }
+            self.cursor = i + 1;
+            worked = true;
+            break;
+        }
+        worked
     }
 
     fn model(&self, id: ModelId) -> Result<Rc<dyn LanguageModel>> {

@@ -6,7 +6,9 @@ use napi::bindgen_prelude::{Either, Uint32Array};
 use napi_derive::napi;
 
 use crate::error::{Error, Result};
+use super::tokenizer::RenderOptionsJs;
 use crate::sample::{GenerateOptions, SamplingOptions};
+use crate::tokenizer::template::RenderOptions;
 
 /// Options of `generate()`; names and defaults as in mlx-bun (see index.d.ts).
 #[napi(object)]
@@ -106,4 +108,18 @@ pub fn prompt_tokens(p: Either<Uint32Array, Vec<f64>>) -> Result<Vec<u32>> {
             })
             .collect(),
     }
+}
+
+/// Chat template options; `enableThinking` becomes the template's `enable_thinking`.
+pub fn render_options(options: Option<RenderOptionsJs>) -> RenderOptions {
+    let mut opts = RenderOptions::default();
+    if let Some(o) = options {
+        opts.add_generation_prompt = o.add_generation_prompt.unwrap_or(true);
+        opts.tools = o.tools.filter(|t| !t.is_null());
+        opts.extra = o.extra.unwrap_or_default();
+        if let Some(t) = o.enable_thinking {
+            opts.extra.insert("enable_thinking".into(), serde_json::Value::Bool(t));
+        }
+    }
+    opts
 }

@@ -1,9 +1,9 @@
 //! The JavaScript boundary: conversions between JS values and the Rust core, nothing else.
 //! Errors cross as `"CODE: message"`; index.js turns the prefix into `err.code`.
 mod convert;
-mod generation;
 mod model;
 mod plan;
+mod session;
 mod tokenizer;
 mod tools;
 

@@ -2,20 +2,19 @@
 //! `Model` handle. MLX work happens on the engine thread; these only parse, convert and forward.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use napi::bindgen_prelude::{Either, Float32Array, Uint32Array, Uint8Array};
 use napi_derive::napi;
 use serde_json::{json, Value};
 
-use super::convert::{prompt_tokens, GenerateOptionsJs};
-use super::generation::NativeGeneration;
+use super::convert::prompt_tokens;
 use super::js_error;
 use crate::engine::{Engine, ModelId};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
 use crate::model::open_source;
 use crate::model::weights::Weights as CoreWeights;
-use crate::sample::validate_prompt;
 
 /// The config summary mlx-bun's `loadModelConfig` returns.
 pub fn config_json(c: &ModelConfig) -> Value {
@@ -132,7 +131,7 @@ fn shape(s: &[usize]) -> Vec<u32> {
 pub struct Model {
     id: ModelId,
     config: ModelConfig,
-    disposed: AtomicBool,
+    disposed: Arc<AtomicBool>,
 }
 
 async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> {
@@ -141,7 +140,7 @@ async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> 
         .await
         .map_err(|_| js_error(Error::EngineClosed))?
         .map_err(js_error)?;
-    Ok(Model { id, config, disposed: AtomicBool::new(false) })
+    Ok(Model { id, config, disposed: Arc::new(AtomicBool::new(false)) })
 }
 
 /// Builds the model for `weights` on the engine thread. `config` (from `loadModelConfig`)
@@ -180,15 +179,9 @@ impl Model {
         Ok(self.id)
     }
 
-    /// Starts a generation; options are validated before this returns.
-    #[napi]
-    pub fn generate(&self, prompt: Either<Uint32Array, Vec<f64>>, options: Option<GenerateOptionsJs>) -> napi::Result<NativeGeneration> {
-        let id = self.live()?;
-        let prompt = prompt_tokens(prompt).map_err(js_error)?;
-        let opts = options.unwrap_or_default().into_options().map_err(js_error)?;
-        validate_prompt(&prompt, self.config.vocab_size).map_err(js_error)?;
-        opts.validate(self.config.vocab_size).map_err(js_error)?;
-        Ok(NativeGeneration::new(Engine::get().generate(id, prompt, opts)))
+    /// The engine-thread id of a live model, its configuration and its disposed flag.
+    pub(super) fn handle(&self) -> napi::Result<(ModelId, &ModelConfig, Arc<AtomicBool>)> {
+        Ok((self.live()?, &self.config, self.disposed.clone()))
     }
 
     /// Last-position logits of one forward pass over `prompt` on a fresh cache.

@@ -3,10 +3,9 @@ use napi::bindgen_prelude::{Either, Uint32Array};
 use napi_derive::napi;
 use serde_json::Value;
 
-use super::convert::prompt_tokens;
+use super::convert::{prompt_tokens, render_options};
 use super::js_error;
 use crate::tokenizer::detok::StreamDecoder as CoreDecoder;
-use crate::tokenizer::template::RenderOptions;
 use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
 
 #[napi]
@@ -19,6 +18,12 @@ pub struct Tokenizer {
 pub fn load_tokenizer_native(path: String) -> napi::Result<Tokenizer> {
     let (inner, _) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
     Ok(Tokenizer { inner })
+}
+
+impl Tokenizer {
+    pub(super) fn core(&self) -> &CoreTokenizer {
+        &self.inner
+    }
 }
 
 #[napi]
@@ -112,6 +117,12 @@ pub struct ChatTemplate {
     inner: CoreTemplate,
 }
 
+impl ChatTemplate {
+    pub(super) fn core(&self) -> &CoreTemplate {
+        &self.inner
+    }
+}
+
 #[napi]
 impl ChatTemplate {
     /// The model's own template from a folder (tokenizer_config.json or chat_template.jinja) or a
@@ -129,16 +140,7 @@ impl ChatTemplate {
 
     #[napi]
     pub fn render(&self, messages: Value, options: Option<RenderOptionsJs>) -> napi::Result<String> {
-        let mut opts = RenderOptions::default();
-        if let Some(o) = options {
-            opts.add_generation_prompt = o.add_generation_prompt.unwrap_or(true);
-            opts.tools = o.tools.filter(|t| !t.is_null());
-            opts.extra = o.extra.unwrap_or_default();
-            if let Some(t) = o.enable_thinking {
-                opts.extra.insert("enable_thinking".into(), Value::Bool(t));
-            }
-        }
-        self.inner.render(&messages, &opts).map_err(js_error)
+        self.inner.render(&messages, &render_options(options)).map_err(js_error)
     }
 
     #[napi(getter)]

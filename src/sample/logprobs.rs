@@ -1,20 +1,21 @@
 //! Log-probabilities of the chosen token and its top alternatives, read back after a step.
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TopLogprob {
     pub id: u32,
     pub logprob: f32,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenLogprobs {
     pub logprob: f32,
     /// Most likely alternatives, most likely first.
+    #[serde(default)]
     pub top: Vec<TopLogprob>,
 }
 

@@ -135,6 +135,12 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// The prompt for chat `messages`: the template's rendering, tokenized as is (the template
+    /// writes the special tokens itself).
+    pub fn encode_chat(&self, template: &template::ChatTemplate, messages: &Json, opts: &template::RenderOptions) -> Result<Vec<u32>> {
+        self.encode(&template.render(messages, opts)?, false)
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)

@@ -17,6 +17,7 @@ const NAME: &str = "chat_template";
 /// Variables transformers passes itself; `RenderOptions::extra` may not shadow them.
 const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,

@@ -1,0 +1,129 @@
+//! What a session runs: a plan (the output limit plus a way to start the method) and the method's
+//! run, stepped one unit at a time by the engine thread. Sessions know nothing else about methods.
+use serde::Deserialize;
+
+use super::events::{FinishReason, GenerateStats};
+use super::session::{MethodResult, Output};
+use crate::error::{Error, Result};
+use crate::sample::logprobs::TokenLogprobs;
+
+pub enum Step {
+    Continue,
+    Done(MethodResult),
+}
+
+pub trait MethodRun {
+    /// One unit of work (a prefill chunk, a decode step); publishes through `out`.
+    fn step(&mut self, out: &mut Output<'_>) -> Result<Step>;
+    /// Timings so far.
+    fn metrics(&self) -> GenerateStats;
+    /// Releases the run's native state; always called once, whatever happened.
+    fn close(self: Box<Self>) -> Result<()>;
+}
+
+pub struct Plan {
+    /// Tokens the method may publish at most; must be a safe integer ≥ 0 (an `f64`, as a
+    /// planner's arithmetic may produce any number and the session rejects bad ones).
+    pub output_token_limit: f64,
+    pub start: Box<dyn FnOnce() -> Result<Box<dyn MethodRun>>>,
+}
+
+/// A method that replays a script: the session contract's test double, usable from JavaScript
+/// (`testing.createScriptedEngine`) so the conformance suite runs the real session code.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Script {
+    pub steps: Vec<ScriptStep>,
+    /// Default: every token the script commits.
+    pub output_token_limit: Option<f64>,
+    #[serde(default = "length")]
+    pub finish_reason: FinishReason,
+    /// `close()` fails with this message.
+    pub cleanup_error: Option<String>,
+}
+
+fn length() -> FinishReason {
+    FinishReason::Length
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScriptStep {
+    pub commit: Option<Vec<u32>>,
+    pub logprobs: Option<Vec<TokenLogprobs>>,
+    pub progress: Option<ScriptProgress>,
+    /// The method fails with this message.
+    pub fail: Option<String>,
+    pub repeat: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptProgress {
+    pub completed: f64,
+    pub total: Option<f64>,
+}
+
+impl Script {
+    pub fn from_json(v: serde_json::Value) -> Result<Self> {
+        serde_json::from_value(v).map_err(|e| Error::option("script", e.to_string()))
+    }
+
+    pub fn plan(&self) -> Plan {
+        let total: u64 = self
+            .steps
+            .iter()
+            .map(|s| s.commit.as_ref().map_or(0, Vec::len) as u64 * u64::from(s.repeat.unwrap_or(1)))
+            .sum();
+        let script = self.clone();
+        Plan {
+            output_token_limit: self.output_token_limit.unwrap_or(total as f64),
+            start: Box::new(move || Ok(Box::new(ScriptRun { script, step: 0, repeat: 0, committed: 0 }) as Box<dyn MethodRun>)),
+        }
+    }
+}
+
+struct ScriptRun {
+    script: Script,
+    step: usize,
+    repeat: u32,
+    committed: u32,
+}
+
+impl MethodRun for ScriptRun {
+    fn step(&mut self, out: &mut Output<'_>) -> Result<Step> {
+        let Some(step) = self.script.steps.get(self.step) else {
+            return Ok(Step::Done(MethodResult { finish_reason: self.script.finish_reason, metrics: self.metrics() }));
+        };
+        if out.stopped() {
+            return Ok(Step::Done(MethodResult { finish_reason: FinishReason::Stop, metrics: self.metrics() }));
+        }
+        if let Some(p) = &step.progress {
+            out.progress(p.completed, p.total)?;
+        }
+        if let Some(ids) = &step.commit {
+            out.commit(ids, step.logprobs.as_deref())?;
+            self.committed += ids.len() as u32;
+        }
+        if let Some(message) = &step.fail {
+            return Err(Error::Protocol(message.clone()));
+        }
+        self.repeat += 1;
+        if self.repeat >= step.repeat.unwrap_or(1) {
+            self.step += 1;
+            self.repeat = 0;
+        }
+        Ok(Step::Continue)
+    }
+
+    fn metrics(&self) -> GenerateStats {
+        GenerateStats { generated_tokens: self.committed, ..Default::default() }
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        match self.script.cleanup_error {
+            Some(m) => Err(Error::Protocol(m)),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,759 @@
+//! A generation session (mlx-bun's `EngineSession`): lifecycle and bounded delivery only — no
+//! graph, cache or sampler. The engine thread produces: it steps the session's method a unit at a
+//! time through [`Output`] and never waits on a consumer (a session whose queue is full is simply
+//! not stepped). Consumers (JavaScript through napi, or the CLI) take every ready event at once
+//! and acknowledge each as they use it, so the queue bounds also cover events a consumer holds.
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::events::{FinishReason, GenerateStats};
+use crate::error::{Error, Result};
+use crate::sample::logprobs::TokenLogprobs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    Requested,
+    ConsumerClosed,
+    ConsumerIdle,
+    EngineClosed,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::Requested => "requested",
+            CancelReason::ConsumerClosed => "consumer_closed",
+            CancelReason::ConsumerIdle => "consumer_idle",
+            CancelReason::EngineClosed => "engine_closed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "requested" => CancelReason::Requested,
+            "consumer_closed" => CancelReason::ConsumerClosed,
+            "consumer_idle" => CancelReason::ConsumerIdle,
+            "engine_closed" => CancelReason::EngineClosed,
+            _ => return Err(Error::option("reason", format!("'{s}' is not a cancel reason"))),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    Created,
+    Preparing,
+    Running,
+    Settling,
+    Terminal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Events through `next_batch`; starts on the first read; idle consumers are cancelled.
+    Stream,
+    /// Tokens into a buffer reserved for the planned limit, returned with the outcome.
+    Collect,
+    /// Like a stream read by the binding, which hands each batch to a user callback.
+    Callback,
+}
+
+impl OutputMode {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "stream" => OutputMode::Stream,
+            "collect" => OutputMode::Collect,
+            "callback" => OutputMode::Callback,
+            _ => return Err(Error::option("output", format!("must be 'stream', 'collect' or 'callback', got '{s}'"))),
+        })
+    }
+}
+
+/// Delivery bounds of one session (from the engine's options).
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryLimits {
+    /// `None`: never cancel an idle consumer.
+    pub idle_timeout: Option<Duration>,
+    pub max_queued_events: usize,
+    pub max_queued_tokens: usize,
+    pub max_top_logprobs: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionEvent {
+    Committed { sequence: u64, token_ids: Vec<u32>, logprobs: Option<Vec<TokenLogprobs>> },
+    Progress { completed: f64, total: Option<f64> },
+}
+
+impl SessionEvent {
+    fn tokens(&self) -> usize {
+        match self {
+            SessionEvent::Committed { token_ids, .. } => token_ids.len(),
+            SessionEvent::Progress { .. } => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MethodResult {
+    pub finish_reason: FinishReason,
+    pub metrics: GenerateStats,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    /// `execution_failed` or `cleanup_failed`.
+    pub code: &'static str,
+    pub message: String,
+    pub cleanup_error: Option<String>,
+    /// The typed code of the error behind the failure.
+    pub cause: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    Completed(MethodResult),
+    Cancelled(CancelReason),
+    Failed(Failure),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: Status,
+    pub committed_tokens: u64,
+    /// Collect mode: exactly the committed tokens.
+    pub output: Option<Vec<u32>>,
+    /// The run's timings, whatever the status (absent if it never ran).
+    pub metrics: Option<GenerateStats>,
+}
+
+impl Outcome {
+    /// The method's result, or the reason there is none as an error.
+    pub fn into_result(self) -> Result<MethodResult> {
+        match self.status {
+            Status::Completed(r) => Ok(r),
+            Status::Cancelled(r) => Err(Error::Cancelled(r.as_str())),
+            Status::Failed(f) => Err(Error::Protocol(format!("{}: {}", f.code, f.message))),
+        }
+    }
+}
+
+/// What the engine thread should do with a session next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Not started, or waiting for its consumer to make room.
+    Waiting,
+    Runnable,
+    /// Cancelled or its consumer failed: settle now.
+    Settle,
+    Terminal,
+}
+
+struct Inner {
+    state: SessionState,
+    started: bool,
+    reader_claimed: bool,
+    reading: bool,
+    cancelled: Option<CancelReason>,
+    /// Queued events not yet handed to the consumer.
+    ready: VecDeque<SessionEvent>,
+    /// Token counts of events handed out and not yet acknowledged.
+    handed: VecDeque<usize>,
+    /// Tokens in `ready` and `handed`.
+    queued_tokens: usize,
+    /// Publications waiting for queue space; the method is not stepped while any wait.
+    outbox: VecDeque<SessionEvent>,
+    outbox_tokens: usize,
+    committed: u64,
+    sequence: u64,
+    limit: u64,
+    buffer: Option<Vec<u32>>,
+    output_stopped: bool,
+    consumer_error: Option<String>,
+    idle_deadline: Option<Instant>,
+    outcome: Option<Outcome>,
+}
+
+impl Inner {
+    fn queue_len(&self) -> usize {
+        self.ready.len() + self.handed.len()
+    }
+}
+
+pub struct Session {
+    pub id: String,
+    pub mode: OutputMode,
+    limits: DeliveryLimits,
+    inner: Mutex<Inner>,
+    /// Wakes consumers: events queued, or the session ended.
+    changed: Notify,
+    hooks: Arc<dyn SessionHooks>,
+}
+
+/// What a session tells its engine.
+pub trait SessionHooks: Send + Sync {
+    /// The engine thread has work: the session started, was unblocked or cancelled.
+    fn wake(&self);
+    /// The session became terminal (exactly once).
+    fn terminal(&self);
+}
+
+impl Session {
+    pub fn new(id: String, mode: OutputMode, limits: DeliveryLimits, hooks: Arc<dyn SessionHooks>) -> Self {
+        let session = Session {
+            id,
+            mode,
+            limits,
+            inner: Mutex::new(Inner {
+                state: SessionState::Created,
+                started: false,
+                reader_claimed: false,
+                reading: false,
+                cancelled: None,
+                ready: VecDeque::new(),
+                handed: VecDeque::new(),
+                queued_tokens: 0,
+                outbox: VecDeque::new(),
+                outbox_tokens: 0,
+                committed: 0,
+                sequence: 0,
+                limit: 0,
+                buffer: None,
+                output_stopped: false,
+                consumer_error: None,
+                idle_deadline: None,
+                outcome: None,
+            }),
+            changed: Notify::new(),
+            hooks,
+        };
+        {
+            let mut s = session.lock();
+            if mode == OutputMode::Stream {
+                session.arm_idle(&mut s);
+            } else {
+                s.started = true;
+            }
+        }
+        session
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arm_idle(&self, s: &mut Inner) {
+        s.idle_deadline = self.limits.idle_timeout.and_then(|t| Instant::now().checked_add(t));
+    }
+
+    pub fn state(&self) -> SessionState {
+        self.lock().state
+    }
+
+    pub fn committed(&self) -> u64 {
+        self.lock().committed
+    }
+
+    // ---- consumer side ----
+
+    /// Claims the one event consumer of a stream session.
+    pub fn claim_reader(&self) -> Result<()> {
+        if self.mode != OutputMode::Stream {
+            return Err(Error::NotAStream);
+        }
+        let mut s = self.lock();
+        if std::mem::replace(&mut s.reader_claimed, true) {
+            return Err(Error::AlreadyConsumed);
+        }
+        Ok(())
+    }
+
+    /// Every event ready, waiting for at least one; `None` once the session has ended and its
+    /// queue is drained. Starts a stream session; the idle timer is stopped while this waits.
+    pub async fn next_batch(&self) -> Result<Option<Vec<SessionEvent>>> {
+        {
+            let mut s = self.lock();
+            if std::mem::replace(&mut s.reading, true) {
+                return Err(Error::ConcurrentNext);
+            }
+            s.idle_deadline = None;
+            if !s.started && s.state != SessionState::Terminal {
+                s.started = true;
+                drop(s);
+                self.hooks.wake();
+            }
+        }
+        let _reading = Reading(self);
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !s.ready.is_empty() {
+                    let events: Vec<SessionEvent> = s.ready.drain(..).collect();
+                    s.handed.extend(events.iter().map(SessionEvent::tokens));
+                    if s.state != SessionState::Terminal && self.mode == OutputMode::Stream {
+                        self.arm_idle(&mut s);
+                    }
+                    return Ok(Some(events));
+                }
+                if s.state == SessionState::Terminal {
+                    return Ok(None);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// The consumer used `n` of the events it was handed: frees their queue space and, for a
+    /// stream, restarts the idle timer.
+    pub fn consumed(&self, n: usize) {
+        let mut s = self.lock();
+        for _ in 0..n {
+            let Some(tokens) = s.handed.pop_front() else { break };
+            s.queued_tokens -= tokens;
+        }
+        if s.state == SessionState::Terminal {
+            return;
+        }
+        if self.mode == OutputMode::Stream {
+            self.arm_idle(&mut s);
+        }
+        let was_blocked = !s.outbox.is_empty();
+        self.flush(&mut s);
+        if was_blocked {
+            let unblocked = s.outbox.is_empty();
+            drop(s);
+            self.changed.notify_waiters();
+            if unblocked {
+                self.hooks.wake();
+            }
+        }
+    }
+
+    /// Drops queued events and stops the session; a session that never started ends here.
+    pub fn cancel(&self, reason: CancelReason) {
+        let mut s = self.lock();
+        if s.state == SessionState::Terminal {
+            return;
+        }
+        s.cancelled.get_or_insert(reason);
+        s.ready.clear();
+        s.handed.clear();
+        s.queued_tokens = 0;
+        s.outbox.clear();
+        s.outbox_tokens = 0;
+        s.idle_deadline = None;
+        if !s.started {
+            let reason = s.cancelled.unwrap_or(reason);
+            self.finish_locked(&mut s, Status::Cancelled(reason), None);
+        }
+        drop(s);
+        self.changed.notify_waiters();
+        self.hooks.wake();
+    }
+
+    /// Callback mode: the consumer's callback returned `false`. Tokens it has not been given are
+    /// not committed; the method is told to stop at its next step.
+    pub fn stop_output(&self) {
+        let mut s = self.lock();
+        if s.state == SessionState::Terminal {
+            return;
+        }
+        s.output_stopped = true;
+        let undelivered: usize = s.ready.drain(..).map(|e| e.tokens()).sum();
+        s.queued_tokens -= undelivered;
+        s.committed -= undelivered as u64;
+        s.outbox.clear();
+        s.outbox_tokens = 0;
+        drop(s);
+        self.hooks.wake();
+    }
+
+    /// Callback mode: the consumer's callback threw; the session fails with its message.
+    pub fn fail_output(&self, message: String) {
+        let mut s = self.lock();
+        if s.state == SessionState::Terminal {
+            return;
+        }
+        s.consumer_error.get_or_insert(message);
+        s.output_stopped = true;
+        drop(s);
+        self.hooks.wake();
+    }
+
+    /// Resolves with the outcome once the session is terminal.
+    pub async fn outcome(&self) -> Outcome {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(o) = &self.lock().outcome {
+                return o.clone();
+            }
+            notified.await;
+        }
+    }
+
+    /// Reads a stream session to its end on the calling thread (for Rust callers such as the
+    /// CLI), handing each event to `f`; an error from `f` closes the session.
+    pub fn read_blocking(&self, mut f: impl FnMut(&SessionEvent) -> Result<()>) -> Result<Outcome> {
+        self.claim_reader()?;
+        let rt = tokio::runtime::Builder::new_current_thread().build().map_err(|e| Error::Mlx(e.to_string()))?;
+        rt.block_on(async {
+            while let Some(batch) = self.next_batch().await? {
+                for event in &batch {
+                    if let Err(e) = f(event) {
+                        self.cancel(CancelReason::ConsumerClosed);
+                        return Err(e);
+                    }
+                    self.consumed(1);
+                }
+            }
+            Ok(self.outcome().await)
+        })
+    }
+
+    // ---- engine side ----
+
+    pub fn readiness(&self) -> Readiness {
+        let s = self.lock();
+        if s.state == SessionState::Terminal {
+            Readiness::Terminal
+        } else if s.cancelled.is_some() || s.consumer_error.is_some() {
+            Readiness::Settle
+        } else if !s.started || !s.outbox.is_empty() {
+            Readiness::Waiting
+        } else {
+            Readiness::Runnable
+        }
+    }
+
+    pub fn is_started(&self) -> bool {
+        self.lock().started
+    }
+
+    /// When the idle timer fires, if it runs.
+    pub fn idle_deadline(&self) -> Option<Instant> {
+        self.lock().idle_deadline
+    }
+
+    /// Cancels the session as `consumer_idle` if its idle timer has run out.
+    pub fn check_idle(&self, now: Instant) {
+        if self.lock().idle_deadline.is_some_and(|d| d <= now) {
+            self.cancel(CancelReason::ConsumerIdle);
+        }
+    }
+
+    pub fn set_state(&self, state: SessionState) {
+        self.lock().state = state;
+    }
+
+    pub fn cancelled(&self) -> Option<CancelReason> {
+        self.lock().cancelled
+    }
+
+    /// Fixes the output limit; collect mode gets its buffer.
+    pub fn begin_output(&self, limit: u64) {
+        let mut s = self.lock();
+        s.limit = limit;
+        if self.mode == OutputMode::Collect {
+            s.buffer = Some(Vec::with_capacity(limit as usize));
+        }
+        s.state = SessionState::Running;
+    }
+
+    /// The consumer's callback failure, if any.
+    pub fn consumer_error(&self) -> Option<String> {
+        self.lock().consumer_error.clone()
+    }
+
+    /// Ends the session. Precedence: cancelled (unless cleanup failed) > failed > completed.
+    pub fn finish(&self, run: Result<MethodResult>, cleanup: Result<()>, metrics: Option<GenerateStats>) {
+        let mut s = self.lock();
+        let status = match (s.cancelled, run, cleanup) {
+            (Some(reason), _, Ok(())) => Status::Cancelled(reason),
+            (_, run, Err(cleanup)) => {
+                let cleanup_error = Some(cleanup.to_string());
+                let (message, cause) = match run {
+                    Err(e) => (e.to_string(), e.code()),
+                    Ok(_) => (cleanup.to_string(), cleanup.code()),
+                };
+                Status::Failed(Failure { code: "cleanup_failed", message, cleanup_error, cause: Some(cause) })
+            }
+            (None, Err(e), Ok(())) => {
+                Status::Failed(Failure { code: "execution_failed", message: e.to_string(), cleanup_error: None, cause: Some(e.code()) })
+            }
+            (None, Ok(result), Ok(())) => Status::Completed(result),
+        };
+        self.finish_locked(&mut s, status, metrics);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    fn finish_locked(&self, s: &mut Inner, status: Status, metrics: Option<GenerateStats>) {
+        if s.state == SessionState::Terminal {
+            return;
+        }
+        s.state = SessionState::Terminal;
+        s.idle_deadline = None;
+        s.outbox.clear();
+        s.outbox_tokens = 0;
+        let output = s.buffer.take().map(|mut b| {
+            b.truncate(s.committed as usize);
+            b.shrink_to_fit();
+            b
+        });
+        s.outcome = Some(Outcome { status, committed_tokens: s.committed, output, metrics });
+        self.hooks.terminal();
+    }
+
+    /// Moves waiting publications into the queue while there is room.
+    fn flush(&self, s: &mut Inner) {
+        while let Some(front) = s.outbox.front() {
+            let n = front.tokens();
+            if s.queue_len() >= self.limits.max_queued_events || s.queued_tokens + n > self.limits.max_queued_tokens {
+                break;
+            }
+            let mut event = s.outbox.pop_front().expect("front exists");
+            s.outbox_tokens -= n;
+            if let SessionEvent::Committed { sequence, .. } = &mut event {
+                *sequence = s.sequence;
+                s.sequence += 1;
+                s.committed += n as u64;
+            }
+            s.queued_tokens += n;
+            s.ready.push_back(event);
+        }
+    }
+
+    pub fn output(&self) -> Output<'_> {
+        Output { session: self }
+    }
+}
+
+/// Clears the reading flag however `next_batch` ends.
+struct Reading<'a>(&'a Session);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.lock().reading = false;
+    }
+}
+
+/// How a method publishes. Borrowed mutably for one step, so publications cannot overlap
+/// (the seed's re-entrancy check), and only handed out while the session runs.
+pub struct Output<'a> {
+    session: &'a Session,
+}
+
+impl Output<'_> {
+    /// The consumer asked for no more output (callback returned `false`, or threw).
+    pub fn stopped(&self) -> bool {
+        self.session.lock().output_stopped
+    }
+
+    fn check_live(&self, s: &Inner) -> Result<()> {
+        if let Some(r) = s.cancelled {
+            return Err(Error::Cancelled(r.as_str()));
+        }
+        if s.state != SessionState::Running {
+            return Err(Error::Protocol("publication outside method execution".into()));
+        }
+        Ok(())
+    }
+
+    /// Commits tokens (and their logprobs), checked in the seed's order. Token ids are `u32`, so
+    /// the last check (integers in [0, 2³²−1]) holds by type.
+    pub fn commit(&mut self, ids: &[u32], logprobs: Option<&[TokenLogprobs]>) -> Result<()> {
+        let session = self.session;
+        let mut s = session.lock();
+        self.check_live(&s)?;
+        if s.output_stopped {
+            return Err(Error::Protocol("method published after the consumer requested a stop".into()));
+        }
+        if ids.len() as u64 > s.limit - (s.committed + s.outbox_tokens as u64).min(s.limit) {
+            return Err(Error::Protocol("method exceeded planned output limit".into()));
+        }
+        if let Some(lp) = logprobs {
+            if lp.len() != ids.len() {
+                return Err(Error::Protocol("logprobs must align with committed tokens".into()));
+            }
+            if lp.iter().any(|t| t.top.len() > session.limits.max_top_logprobs) {
+                return Err(Error::Protocol("top logprobs exceed session delivery capacity".into()));
+            }
+        }
+        if session.mode == OutputMode::Collect {
+            if logprobs.is_some() {
+                return Err(Error::Protocol("token logprobs require stream consumption".into()));
+            }
+            s.buffer.get_or_insert_with(Vec::new).extend_from_slice(ids);
+            s.committed += ids.len() as u64;
+            return Ok(());
+        }
+        // Chunks of at most maxQueuedTokens; an empty commit is still one event.
+        let chunk = session.limits.max_queued_tokens.max(1);
+        let mut offset = 0;
+        loop {
+            let end = (offset + chunk).min(ids.len());
+            let token_ids = ids[offset..end].to_vec();
+            let logprobs = logprobs.map(|lp| lp[offset..end].to_vec());
+            s.outbox_tokens += token_ids.len();
+            s.outbox.push_back(SessionEvent::Committed { sequence: 0, token_ids, logprobs });
+            offset = end;
+            if offset >= ids.len() {
+                break;
+            }
+        }
+        self.publish(s);
+        Ok(())
+    }
+
+    /// Reports prompt progress; queued in stream mode only.
+    pub fn progress(&mut self, completed: f64, total: Option<f64>) -> Result<()> {
+        let session = self.session;
+        let mut s = session.lock();
+        self.check_live(&s)?;
+        if !completed.is_finite() || completed < 0.0 || total.is_some_and(|t| !t.is_finite() || t < completed) {
+            return Err(Error::Protocol("invalid progress".into()));
+        }
+        if session.mode != OutputMode::Stream {
+            return Ok(());
+        }
+        s.outbox.push_back(SessionEvent::Progress { completed, total });
+        self.publish(s);
+        Ok(())
+    }
+
+    fn publish(&self, mut s: MutexGuard<'_, Inner>) {
+        let session = self.session;
+        session.flush(&mut s);
+        // A stream producer waiting for room keeps the idle timer running.
+        if !s.outbox.is_empty() && session.mode == OutputMode::Stream {
+            session.arm_idle(&mut s);
+        }
+        drop(s);
+        session.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(events: usize, tokens: usize) -> DeliveryLimits {
+        DeliveryLimits { idle_timeout: None, max_queued_events: events, max_queued_tokens: tokens, max_top_logprobs: 2 }
+    }
+
+    struct NoHooks;
+    impl SessionHooks for NoHooks {
+        fn wake(&self) {}
+        fn terminal(&self) {}
+    }
+
+    fn session(mode: OutputMode, l: DeliveryLimits) -> Session {
+        Session::new("s".into(), mode, l, Arc::new(NoHooks))
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    fn tokens(events: &[SessionEvent]) -> Vec<(u64, Vec<u32>)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                SessionEvent::Committed { sequence, token_ids, .. } => Some((*sequence, token_ids.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stream_chunks_and_blocks_until_consumed() {
+        let s = session(OutputMode::Stream, limits(8, 4));
+        assert_eq!(s.readiness(), Readiness::Waiting, "a stream waits for its first read");
+        block_on(async {
+            s.lock().started = true;
+            s.begin_output(10);
+            s.output().commit(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], None).unwrap();
+            assert_eq!(s.readiness(), Readiness::Waiting, "only 4 tokens fit");
+            let first = s.next_batch().await.unwrap().unwrap();
+            assert_eq!(tokens(&first), vec![(0, vec![1, 2, 3, 4])]);
+            s.consumed(1);
+            let second = s.next_batch().await.unwrap().unwrap();
+            assert_eq!(tokens(&second), vec![(1, vec![5, 6, 7, 8])]);
+            s.consumed(1);
+            assert_eq!(s.readiness(), Readiness::Runnable);
+            assert_eq!(s.committed(), 10);
+        });
+    }
+
+    #[test]
+    fn commit_checks_in_order() {
+        let s = session(OutputMode::Stream, limits(8, 8));
+        s.begin_output(2);
+        let lp = |top: usize| TokenLogprobs { logprob: -1.0, top: vec![crate::sample::logprobs::TopLogprob { id: 0, logprob: -1.0 }; top] };
+        let err = |r: Result<()>| r.unwrap_err().to_string();
+        assert!(err(s.output().commit(&[1, 2, 3], None)).contains("limit"));
+        assert!(err(s.output().commit(&[1], Some(&[lp(0), lp(0)]))).contains("align"));
+        assert!(err(s.output().commit(&[1], Some(&[lp(3)]))).contains("capacity"));
+        s.cancel(CancelReason::Requested);
+        assert_eq!(s.output().commit(&[1], None).unwrap_err().code(), "CANCELLED");
+    }
+
+    #[test]
+    fn never_started_cancel_is_terminal_with_zero_tokens() {
+        let s = session(OutputMode::Stream, limits(8, 8));
+        s.cancel(CancelReason::ConsumerClosed);
+        let o = block_on(s.outcome());
+        assert_eq!(o.status, Status::Cancelled(CancelReason::ConsumerClosed));
+        assert_eq!(o.committed_tokens, 0);
+    }
+
+    #[test]
+    fn outcome_precedence() {
+        let ok = || Ok(MethodResult { finish_reason: FinishReason::Length, metrics: GenerateStats::default() });
+        let s = session(OutputMode::Collect, limits(8, 8));
+        s.begin_output(4);
+        s.output().commit(&[7, 8], None).unwrap();
+        s.cancel(CancelReason::Requested);
+        s.finish(Err(Error::Protocol("boom".into())), Ok(()), None);
+        let o = block_on(s.outcome());
+        assert_eq!(o.status, Status::Cancelled(CancelReason::Requested), "cancelled beats failed");
+        assert_eq!(o.output, Some(vec![7, 8]));
+
+        let s = session(OutputMode::Collect, limits(8, 8));
+        s.begin_output(4);
+        s.cancel(CancelReason::Requested);
+        s.finish(ok(), Err(Error::Protocol("close failed".into())), None);
+        match block_on(s.outcome()).status {
+            Status::Failed(f) => {
+                assert_eq!(f.code, "cleanup_failed");
+                assert_eq!(f.cleanup_error.as_deref(), Some("close failed"));
+            }
+            other => panic!("cleanup failure beats cancellation, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn callback_stop_uncommits_undelivered_tokens() {
+        let s = session(OutputMode::Callback, limits(8, 8));
+        s.begin_output(10);
+        s.output().commit(&[1, 2], None).unwrap();
+        let got = block_on(s.next_batch()).unwrap().unwrap();
+        s.consumed(got.len());
+        s.output().commit(&[3], None).unwrap();
+        s.stop_output();
+        assert_eq!(s.committed(), 2);
+        assert!(s.output().stopped());
+    }
+}

@@ -1,0 +1,338 @@
+//! Engines and sessions for JavaScript. Events cross in batches (`nextBatch` resolves with every
+//! ready event at once); index.js turns them back into one `GenerationEvent` per `next()` and
+//! calls `consumed()` as each is used, so the Rust queue bounds and idle timer see every read.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use napi::bindgen_prelude::{Either, Float64Array, Int32Array, Uint32Array};
+use napi_derive::napi;
+use serde_json::{json, Value};
+
+use super::convert::{prompt_tokens, render_options, GenerateOptionsJs};
+use super::js_error;
+use super::model::Model;
+use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
+use crate::engine::inference::live_sessions;
+use crate::engine::method::Script;
+use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
+use crate::engine::{EngineOptions, InferenceEngine, MethodSpec, Source};
+use crate::error::{Error, Result};
+use crate::sample::logprobs::TokenLogprobs;
+use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
+
+type Chat = (CoreTokenizer, Option<CoreTemplate>);
+
+#[napi]
+pub struct NativeEngine {
+    inner: Arc<InferenceEngine>,
+    /// Tokenizer and template for `messages` requests, loaded beside the model on first use
+    /// unless given.
+    chat: OnceLock<std::result::Result<Chat, String>>,
+    model_path: Option<std::path::PathBuf>,
+    /// Set when the model is disposed; opening then fails with `MODEL_DISPOSED`.
+    model_disposed: Option<Arc<AtomicBool>>,
+}
+
+/// `createEngine(model, options)`; `tokenizer` / `chatTemplate` override the model's own.
+#[napi]
+pub fn create_engine_native(
+    model: &Model,
+    options: Option<Value>,
+    tokenizer: Option<&Tokenizer>,
+    chat_template: Option<&ChatTemplate>,
+) -> napi::Result<NativeEngine> {
+    let options = EngineOptions::from_json(&options.unwrap_or(Value::Null)).map_err(js_error)?;
+    let (id, config, disposed) = model.handle()?;
+    let source = Source::Model { id, vocab_size: config.vocab_size };
+    let chat = OnceLock::new();
+    if let Some(t) = tokenizer {
+        let template = match chat_template {
+            Some(c) => Some(c.core().clone()),
+            None => load_tokenizer(&config.source).ok().and_then(|(_, t)| t),
+        };
+        let _ = chat.set(Ok((t.core().clone(), template)));
+    } else if let Some(c) = chat_template {
+        let loaded = load_tokenizer(&config.source).map(|(t, _)| (t, Some(c.core().clone()))).map_err(|e| format!("{}: {e}", e.code()));
+        let _ = chat.set(loaded);
+    }
+    Ok(NativeEngine { inner: InferenceEngine::new(source, options), chat, model_path: Some(config.source.clone()), model_disposed: Some(disposed) })
+}
+
+/// `testing.createScriptedEngine(script, options)`: sessions replay `script` instead of a model.
+#[napi]
+pub fn create_scripted_engine_native(script: Value, options: Option<Value>) -> napi::Result<NativeEngine> {
+    let options = EngineOptions::from_json(&options.unwrap_or(Value::Null)).map_err(js_error)?;
+    let script = Script::from_json(script).map_err(js_error)?;
+    Ok(NativeEngine { inner: InferenceEngine::new(Source::Script(script), options), chat: OnceLock::new(), model_path: None, model_disposed: None })
+}
+
+/// Sessions not yet terminal, across every engine.
+#[napi]
+pub fn live_sessions_native() -> u32 {
+    live_sessions() as u32
+}
+
+#[napi(object)]
+pub struct EngineStatsJs {
+    pub live_sessions: u32,
+    pub running: u32,
+    pub reserved_collect_tokens: f64,
+}
+
+impl NativeEngine {
+    fn chat(&self) -> Result<&Chat> {
+        let loaded = self.chat.get_or_init(|| match &self.model_path {
+            Some(p) => load_tokenizer(p).map_err(|e| format!("{}: {e}", e.code())),
+            None => Err("TEMPLATE_ERROR: this engine has no tokenizer".into()),
+        });
+        loaded.as_ref().map_err(|m| Error::Template(m.clone()))
+    }
+
+    fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, opts: GenerateOptionsJs) -> Result<MethodSpec> {
+        let opts = opts.into_options()?;
+        let Source::Model { id, .. } = &self.inner.source else {
+            let Source::Script(script) = &self.inner.source else { unreachable!() };
+            return Ok(MethodSpec::Script(script.clone()));
+        };
+        let prompt = match (prompt, messages) {
+            (Some(p), None) => prompt_tokens(p)?,
+            (None, Some(m)) => {
+                let (tokenizer, template) = self.chat()?;
+                let template = template.as_ref().ok_or_else(|| Error::Template("the model has no chat template".into()))?;
+                tokenizer.encode_chat(template, &m, &render_options(chat))?
+            }
+            _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
+        };
+        Ok(MethodSpec::Generate { model: *id, prompt, opts })
+    }
+}
+
+#[napi]
+impl NativeEngine {
+    /// Opens a session; `output` is 'stream' (default), 'collect' or 'callback'.
+    #[napi]
+    pub fn open(
+        &self,
+        prompt_tokens: Option<Either<Uint32Array, Vec<f64>>>,
+        messages: Option<Value>,
+        chat: Option<RenderOptionsJs>,
+        options: Option<GenerateOptionsJs>,
+        output: Option<String>,
+        has_on_tokens: bool,
+    ) -> napi::Result<NativeSession> {
+        let open = || -> Result<Arc<Session>> {
+            if self.model_disposed.as_ref().is_some_and(|d| d.load(Ordering::Acquire)) {
+                return Err(Error::ModelDisposed);
+            }
+            let mode = OutputMode::parse(output.as_deref().unwrap_or("stream"))?;
+            if mode == OutputMode::Callback && !has_on_tokens {
+                return Err(Error::option("onTokens", "a function is required with output 'callback'"));
+            }
+            let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default())?;
+            self.inner.open(spec, mode)
+        };
+        open().map(|inner| NativeSession { inner }).map_err(js_error)
+    }
+
+    /// Cancels every session with `engine_closed` and waits until all have ended.
+    #[napi]
+    pub async fn close(&self) -> napi::Result<()> {
+        for s in self.inner.close() {
+            s.outcome().await;
+        }
+        Ok(())
+    }
+
+    #[napi(getter)]
+    pub fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    #[napi(getter)]
+    pub fn stats(&self) -> EngineStatsJs {
+        let s = self.inner.stats();
+        EngineStatsJs { live_sessions: s.live_sessions as u32, running: s.running as u32, reserved_collect_tokens: s.reserved_collect_tokens as f64 }
+    }
+}
+
+#[napi(object)]
+pub struct TopLogprobJs {
+    pub id: u32,
+    pub logprob: f64,
+}
+
+#[napi(object)]
+pub struct TokenLogprobsJs {
+    pub logprob: f64,
+    pub top: Option<Vec<TopLogprobJs>>,
+}
+
+fn logprobs_js(l: &TokenLogprobs) -> TokenLogprobsJs {
+    TokenLogprobsJs {
+        logprob: f64::from(l.logprob),
+        top: (!l.top.is_empty()).then(|| l.top.iter().map(|t| TopLogprobJs { id: t.id, logprob: f64::from(t.logprob) }).collect()),
+    }
+}
+
+/// Ready events in columns: one typed array per field instead of one JS object per event.
+#[napi(object)]
+pub struct EventBatch {
+    /// Tokens of every committed event, concatenated.
+    pub tokens: Uint32Array,
+    /// Per event: its token count, or -1 for a progress event.
+    pub counts: Int32Array,
+    /// `sequence` of the first committed event.
+    pub first_sequence: f64,
+    /// `completed, total` of each progress event, in order (`total` NaN when absent).
+    pub progress: Float64Array,
+    /// Per token, when any event carried logprobs; `null` for tokens of events without.
+    pub logprobs: Option<Vec<Option<TokenLogprobsJs>>>,
+}
+
+fn batch(events: Vec<SessionEvent>) -> EventBatch {
+    let mut tokens = Vec::new();
+    let mut counts = Vec::with_capacity(events.len());
+    let mut progress = Vec::new();
+    let mut first_sequence = None;
+    let any_logprobs = events.iter().any(|e| matches!(e, SessionEvent::Committed { logprobs: Some(_), .. }));
+    let mut logprobs = any_logprobs.then(Vec::new);
+    for e in events {
+        match e {
+            SessionEvent::Committed { sequence, token_ids, logprobs: lp } => {
+                first_sequence.get_or_insert(sequence);
+                counts.push(token_ids.len() as i32);
+                if let Some(out) = logprobs.as_mut() {
+                    match &lp {
+                        Some(lp) => out.extend(lp.iter().map(|l| Some(logprobs_js(l)))),
+                        None => out.extend(token_ids.iter().map(|_| None)),
+                    }
+                }
+                tokens.extend(token_ids);
+            }
+            SessionEvent::Progress { completed, total } => {
+                counts.push(-1);
+                progress.push(completed);
+                progress.push(total.unwrap_or(f64::NAN));
+            }
+        }
+    }
+    EventBatch {
+        tokens: tokens.into(),
+        counts: counts.into(),
+        first_sequence: first_sequence.unwrap_or(0) as f64,
+        progress: progress.into(),
+        logprobs,
+    }
+}
+
+#[napi(object)]
+pub struct OutcomeJs {
+    pub status: String,
+    pub committed_tokens: f64,
+    pub output: Option<Uint32Array>,
+    pub metrics: Option<Value>,
+    /// Completed: `{finishReason, metrics}`.
+    pub result: Option<Value>,
+    /// Cancelled: the reason.
+    pub reason: Option<String>,
+    /// Failed: `{code, message, cleanupError?, cause?}`.
+    pub error: Option<Value>,
+}
+
+#[napi]
+pub struct NativeSession {
+    inner: Arc<Session>,
+}
+
+#[napi]
+impl NativeSession {
+    #[napi(getter)]
+    pub fn id(&self) -> String {
+        self.inner.id.clone()
+    }
+
+    #[napi(getter)]
+    pub fn state(&self) -> Value {
+        serde_json::to_value(self.inner.state()).unwrap_or(Value::Null)
+    }
+
+    /// Claims the one consumer of a stream session's events.
+    #[napi]
+    pub fn claim_reader(&self) -> napi::Result<()> {
+        self.inner.claim_reader().map_err(js_error)
+    }
+
+    /// Every ready event (waiting for one); `null` once the session has ended and been drained.
+    #[napi]
+    pub async fn next_batch(&self) -> napi::Result<Option<EventBatch>> {
+        Ok(self.inner.next_batch().await.map_err(js_error)?.map(batch))
+    }
+
+    /// The consumer used `n` more of the events it was handed.
+    #[napi]
+    pub fn consumed(&self, n: u32) {
+        self.inner.consumed(n as usize);
+    }
+
+    #[napi]
+    pub fn cancel(&self, reason: Option<String>) -> napi::Result<()> {
+        let reason = reason.map_or(Ok(CancelReason::Requested), |r| CancelReason::parse(&r)).map_err(js_error)?;
+        self.inner.cancel(reason);
+        Ok(())
+    }
+
+    /// Callback mode: the callback returned `false`.
+    #[napi]
+    pub fn stop_output(&self) {
+        self.inner.stop_output();
+    }
+
+    /// Callback mode: the callback threw.
+    #[napi]
+    pub fn fail_output(&self, message: String) {
+        self.inner.fail_output(message);
+    }
+
+    #[napi]
+    pub async fn outcome(&self) -> napi::Result<OutcomeJs> {
+        let o = self.inner.outcome().await;
+        let mut out = OutcomeJs {
+            status: String::new(),
+            committed_tokens: o.committed_tokens as f64,
+            output: o.output.map(Uint32Array::new),
+            metrics: o.metrics.and_then(|m| serde_json::to_value(m).ok()),
+            result: None,
+            reason: None,
+            error: None,
+        };
+        match o.status {
+            Status::Completed(r) => {
+                out.status = "completed".into();
+                out.result = serde_json::to_value(r).ok();
+            }
+            Status::Cancelled(r) => {
+                out.status = "cancelled".into();
+                out.reason = Some(r.as_str().into());
+            }
+            Status::Failed(f) => {
+                out.status = "failed".into();
+                let mut e = json!({"code": f.code, "message": f.message});
+                if let Some(c) = f.cleanup_error {
+                    e["cleanupError"] = Value::String(c);
+                }
+                if let Some(c) = f.cause {
+                    e["cause"] = Value::String(c.into());
+                }
+                out.error = Some(e);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A session JavaScript dropped without closing is closed, releasing its native state.
+impl Drop for NativeSession {
+    fn drop(&mut self) {
+        self.inner.cancel(CancelReason::ConsumerClosed);
+    }
+}
