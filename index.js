@@ -267,10 +267,18 @@ class InferenceEngine {
   }
 }
 
+/** JSON-bound values with NaN and infinities as text, which JSON cannot carry; Rust rejects them by name. */
+function jsonSafe(v) {
+  if (typeof v === 'number') return Number.isFinite(v) ? v : String(v)
+  if (Array.isArray(v)) return v.map(jsonSafe)
+  if (v !== null && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, jsonSafe(x)]))
+  return v
+}
+
 function engineOptions(options) {
   if (options === null || typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
   const { tokenizer, chatTemplate, ...rest } = options
-  return [rest, tokenizer ?? null, chatTemplate ?? null]
+  return [jsonSafe(rest), tokenizer ?? null, chatTemplate ?? null]
 }
 
 /** `createEngine(model, options)`: sessions over `model` with mlx-bun's limits (see index.d.ts). */
@@ -283,7 +291,7 @@ const testing = {
   /** An engine whose sessions replay `script` instead of running a model. */
   createScriptedEngine(script, options = {}) {
     const [rest] = engineOptions(options)
-    return new InferenceEngine(wrap(native.createScriptedEngineNative)(script, rest))
+    return new InferenceEngine(wrap(native.createScriptedEngineNative)(jsonSafe(script), rest))
   },
   liveSessions: () => native.liveSessionsNative(),
 }

@@ -121,6 +121,21 @@ function writeGguf(file, kv, tensors) {
   fs.writeFileSync(file, Buffer.concat([head, ...data]))
 }
 
+/** Awaits `promise`, failing (instead of hanging) after `ms`. */
+async function within(promise, what, ms = 10_000) {
+  let timer
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not settle within ${ms} ms`)), ms)
+  })
+  try {
+    return await Promise.race([promise, timeout])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+const range = (a, b) => Array.from({ length: b - a }, (_, i) => a + i)
+
 /** Collects a generation: { tokens, gen }. */
 async function collect(gen) {
   const tokens = []
@@ -128,4 +143,4 @@ async function collect(gen) {
   return { tokens, gen }
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, makeTinyLlama, writeGguf, writeSafetensors, collect, TINY }
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeGguf, writeSafetensors, collect, TINY }

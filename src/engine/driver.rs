@@ -66,33 +66,34 @@ impl Driver {
                 self.settle(result);
                 Advanced::Terminal
             }
+            _ if self.finished.is_some() => {
+                if !self.session.delivered() {
+                    return Advanced::Idle;
+                }
+                let result = self.finished.take().expect("checked");
+                self.settle(result);
+                Advanced::Terminal
+            }
             Readiness::Waiting => Advanced::Idle,
             Readiness::Runnable if self.lease.is_none() => Advanced::Idle,
             Readiness::Runnable => {
-                if let Some(result) = self.finished.take() {
-                    self.settle(result);
-                    return Advanced::Terminal;
-                }
                 let step = match self.run.as_mut() {
                     None => self.prepare(model).map(|()| Step::Continue),
                     Some(run) => run.step(&mut self.session.output()),
                 };
-                match step {
-                    Ok(Step::Continue) => Advanced::Worked,
-                    Ok(Step::Done(result)) => {
-                        // Publications still waiting for room are delivered before the outcome.
-                        if self.session.readiness() == Readiness::Waiting {
-                            self.finished = Some(Ok(result));
-                            return Advanced::Worked;
-                        }
-                        self.settle(Ok(result));
-                        Advanced::Terminal
-                    }
-                    Err(e) => {
-                        self.settle(Err(e));
-                        Advanced::Terminal
-                    }
+                let result = match step {
+                    Ok(Step::Continue) => return Advanced::Worked,
+                    Ok(Step::Done(result)) => Ok(result),
+                    Err(e) => Err(e),
+                };
+                // What was published reaches the consumer before the outcome.
+                if !self.session.delivered() {
+                    self.finished = Some(result);
+                    self.session.mark_finishing();
+                    return Advanced::Worked;
                 }
+                self.settle(result);
+                Advanced::Terminal
             }
         }
     }

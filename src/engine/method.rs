@@ -1,6 +1,6 @@
 //! What a session runs: a plan (the output limit plus a way to start the method) and the method's
 //! run, stepped one unit at a time by the engine thread. Sessions know nothing else about methods.
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use super::events::{FinishReason, GenerateStats};
 use super::session::{MethodResult, Output};
@@ -35,6 +35,7 @@ pub struct Plan {
 pub struct Script {
     pub steps: Vec<ScriptStep>,
     /// Default: every token the script commits.
+    #[serde(default, deserialize_with = "some_number")]
     pub output_token_limit: Option<f64>,
     #[serde(default = "length")]
     pub finish_reason: FinishReason,
@@ -60,8 +61,29 @@ pub struct ScriptStep {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptProgress {
+    #[serde(deserialize_with = "number")]
     pub completed: f64,
+    #[serde(default, deserialize_with = "some_number")]
     pub total: Option<f64>,
+}
+
+/// A number, or its text: JSON cannot carry NaN or infinities, so the binding sends those as
+/// strings ("NaN", "Infinity") and scripts can still exercise the checks that reject them.
+fn number<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Value(f64),
+        Text(String),
+    }
+    match Number::deserialize(d)? {
+        Number::Value(v) => Ok(v),
+        Number::Text(t) => t.parse().map_err(serde::de::Error::custom),
+    }
+}
+
+fn some_number<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<f64>, D::Error> {
+    number(d).map(Some)
 }
 
 impl Script {

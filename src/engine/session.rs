@@ -171,6 +171,11 @@ struct Inner {
     /// Publications waiting for queue space; the method is not stepped while any wait.
     outbox: VecDeque<SessionEvent>,
     outbox_tokens: usize,
+    /// The producer was blocked; wake the engine once the consumer has freed half the queue,
+    /// so a fast producer and a slower consumer do not hand over one event at a time.
+    producer_waiting: bool,
+    /// The method has returned; the engine waits for its last publications to be delivered.
+    finishing: bool,
     committed: u64,
     sequence: u64,
     limit: u64,
@@ -222,6 +227,8 @@ impl Session {
                 queued_tokens: 0,
                 outbox: VecDeque::new(),
                 outbox_tokens: 0,
+                producer_waiting: false,
+                finishing: false,
                 committed: 0,
                 sequence: 0,
                 limit: 0,
@@ -329,13 +336,20 @@ impl Session {
         }
         let was_blocked = !s.outbox.is_empty();
         self.flush(&mut s);
+        let low = s.outbox.is_empty()
+            && s.queue_len() <= self.limits.max_queued_events / 2
+            && s.queued_tokens <= self.limits.max_queued_tokens / 2;
+        let resume = s.producer_waiting && low;
+        if resume {
+            s.producer_waiting = false;
+        }
+        let delivered = (s.finishing && s.outbox.is_empty()) || (self.mode == OutputMode::Callback && s.queue_len() == 0);
+        drop(s);
         if was_blocked {
-            let unblocked = s.outbox.is_empty();
-            drop(s);
             self.changed.notify_waiters();
-            if unblocked {
-                self.hooks.wake();
-            }
+        }
+        if resume || delivered {
+            self.hooks.wake();
         }
     }
 
@@ -374,6 +388,7 @@ impl Session {
         s.committed -= undelivered as u64;
         s.outbox.clear();
         s.outbox_tokens = 0;
+        s.producer_waiting = false;
         drop(s);
         self.hooks.wake();
     }
@@ -430,11 +445,24 @@ impl Session {
             Readiness::Terminal
         } else if s.cancelled.is_some() || s.consumer_error.is_some() {
             Readiness::Settle
-        } else if !s.started || !s.outbox.is_empty() {
+        } else if !s.started || !s.outbox.is_empty() || s.producer_waiting {
             Readiness::Waiting
         } else {
             Readiness::Runnable
         }
+    }
+
+    /// Whether every publication has reached the consumer as far as the mode requires: queued
+    /// for a stream, handled by the callback for callback mode (whose calls the method awaits).
+    pub fn delivered(&self) -> bool {
+        let s = self.lock();
+        s.outbox.is_empty() && (self.mode != OutputMode::Callback || s.queue_len() == 0)
+    }
+
+    /// The method has returned and its outcome waits for delivery; the consumer wakes the
+    /// engine as soon as that is done.
+    pub fn mark_finishing(&self) {
+        self.lock().finishing = true;
     }
 
     pub fn is_started(&self) -> bool {
@@ -636,9 +664,12 @@ impl Output<'_> {
     fn publish(&self, mut s: MutexGuard<'_, Inner>) {
         let session = self.session;
         session.flush(&mut s);
-        // A stream producer waiting for room keeps the idle timer running.
-        if !s.outbox.is_empty() && session.mode == OutputMode::Stream {
-            session.arm_idle(&mut s);
+        if !s.outbox.is_empty() {
+            s.producer_waiting = true;
+            // A stream producer waiting for room keeps the idle timer running.
+            if session.mode == OutputMode::Stream {
+                session.arm_idle(&mut s);
+            }
         }
         drop(s);
         session.changed.notify_waiters();

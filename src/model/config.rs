@@ -68,6 +68,14 @@ impl Quantization {
 }
 
 impl ModelConfig {
+    /// The model itself: its folder (for a config.json) or its GGUF file.
+    pub fn model_path(&self) -> PathBuf {
+        match self.source.parent() {
+            Some(dir) if self.source.file_name().is_some_and(|n| n == "config.json") => dir.to_path_buf(),
+            _ => self.source.clone(),
+        }
+    }
+
     /// An architecture-specific number from config.json, or `default`.
     pub fn f32_or(&self, key: &str, default: f32) -> f32 {
         self.raw.get(key).and_then(Value::as_f64).map_or(default, |v| v as f32)

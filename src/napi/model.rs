@@ -26,11 +26,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
             .collect();
         json!({"default": {"bits": q.bits, "groupSize": q.group_size, "mode": "affine"}, "perLayer": per_layer})
     });
-    let dir = if c.source.is_file() && c.source.file_name().is_some_and(|n| n == "config.json") {
-        c.source.parent().unwrap_or(&c.source).to_path_buf()
-    } else {
-        c.source.clone()
-    };
+    let dir = c.model_path();
     json!({
         "modelDir": dir,
         "modelType": c.model_type,

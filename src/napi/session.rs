@@ -48,14 +48,14 @@ pub fn create_engine_native(
     if let Some(t) = tokenizer {
         let template = match chat_template {
             Some(c) => Some(c.core().clone()),
-            None => load_tokenizer(&config.source).ok().and_then(|(_, t)| t),
+            None => load_tokenizer(&config.model_path()).ok().and_then(|(_, t)| t),
         };
         let _ = chat.set(Ok((t.core().clone(), template)));
     } else if let Some(c) = chat_template {
-        let loaded = load_tokenizer(&config.source).map(|(t, _)| (t, Some(c.core().clone()))).map_err(|e| format!("{}: {e}", e.code()));
+        let loaded = load_tokenizer(&config.model_path()).map(|(t, _)| (t, Some(c.core().clone()))).map_err(|e| format!("{}: {e}", e.code()));
         let _ = chat.set(loaded);
     }
-    Ok(NativeEngine { inner: InferenceEngine::new(source, options), chat, model_path: Some(config.source.clone()), model_disposed: Some(disposed) })
+    Ok(NativeEngine { inner: InferenceEngine::new(source, options), chat, model_path: Some(config.model_path()), model_disposed: Some(disposed) })
 }
 
 /// `testing.createScriptedEngine(script, options)`: sessions replay `script` instead of a model.
