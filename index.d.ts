@@ -290,6 +290,8 @@ export const testing: {
   ): InferenceEngine
   /** Sessions alive across all engines (for leak checks). */
   liveSessions(): number
+  /** Decode steps that advanced several sessions in one graph, and the session steps inside them, since the process started. */
+  batchCounts(): { steps: number; rows: number }
 }
 
 /** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */

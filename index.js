@@ -250,7 +250,7 @@ class InferenceEngine {
     if (signal !== undefined && (signal === null || typeof signal.addEventListener !== 'function')) {
       throw coded('INVALID_OPTION', 'signal: must be an AbortSignal')
     }
-    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function')
+    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function', signal?.aborted === true)
     return new GenerationSession(session, output, onTokens, signal)
   }
 
@@ -294,6 +294,7 @@ const testing = {
     return new InferenceEngine(wrap(native.createScriptedEngineNative)(jsonSafe(script), rest))
   },
   liveSessions: () => native.liveSessionsNative(),
+  batchCounts: () => native.batchCountsNative(),
 }
 
 // generate() runs on one engine per model that never cancels idle consumers and never rejects.

@@ -8,7 +8,7 @@ use super::generate::Generation;
 use super::inference::{InferenceEngine, Lease, MethodSpec, Reservation};
 use super::method::{MethodRun, Step};
 use super::resources::{dispose_all, Release};
-use super::session::{MethodResult, OutputMode, Readiness, Session, SessionState};
+use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 
@@ -81,26 +81,51 @@ impl Driver {
                     None => self.prepare(model).map(|()| Step::Continue),
                     Some(run) => run.step(&mut self.session.output()),
                 };
-                let result = match step {
-                    Ok(Step::Continue) => return Advanced::Worked,
-                    Ok(Step::Done(result)) => Ok(result),
-                    Err(e) => Err(e),
-                };
-                // What was published reaches the consumer before the outcome.
-                if !self.session.delivered() {
-                    self.finished = Some(result);
-                    self.session.mark_finishing();
-                    return Advanced::Worked;
-                }
-                self.settle(result);
-                Advanced::Terminal
+                self.conclude(step)
             }
         }
     }
 
+    /// The batch this session's next unit may join: its model, when that unit is a decode
+    /// step of a continuous generation that may run now.
+    pub fn batch_key(&mut self) -> Option<*const ()> {
+        if self.lease.is_none() || self.finished.is_some() || self.session.readiness() != Readiness::Runnable {
+            return None;
+        }
+        let g = self.run.as_mut()?.as_generation()?;
+        if g.decode_ready() {
+            g.batch_key()
+        } else {
+            None
+        }
+    }
+
+    /// The generation and the output a batched step works on (see `batch_key`).
+    pub fn batch_parts(&mut self) -> Option<(&mut Generation, Output<'_>)> {
+        let out = self.session.output();
+        Some((self.run.as_mut()?.as_generation()?, out))
+    }
+
+    /// Handles the outcome of one unit of the method's work.
+    pub fn conclude(&mut self, step: Result<Step>) -> Advanced {
+        let result = match step {
+            Ok(Step::Continue) => return Advanced::Worked,
+            Ok(Step::Done(result)) => Ok(result),
+            Err(e) => Err(e),
+        };
+        // What was published reaches the consumer before the outcome.
+        if !self.session.delivered() {
+            self.finished = Some(result);
+            self.session.mark_finishing();
+            return Advanced::Worked;
+        }
+        self.settle(result);
+        Advanced::Terminal
+    }
+
     fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) -> Result<()> {
         let plan = match self.spec.take().expect("prepared once") {
-            MethodSpec::Generate { model: id, prompt, opts } => Generation::plan(model(id)?, prompt, opts),
+            MethodSpec::Generate { model: id, prompt, opts, continuous } => Generation::plan(model(id)?, prompt, opts, continuous),
             MethodSpec::Script(script) => script.plan(),
         };
         let limit = plan.output_token_limit;

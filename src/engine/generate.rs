@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
-use mlx_rs::Array;
+use mlx_rs::{ops, Array};
 
 use super::events::{FinishReason, GenerateStats};
 use super::method::{MethodRun, Plan, Step as RunStep};
@@ -27,6 +27,16 @@ struct Step {
     logprobs: Option<PendingLogprobs>,
 }
 
+impl Step {
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v = vec![&self.token];
+        if let Some(lp) = &self.logprobs {
+            v.extend(lp.arrays());
+        }
+        v
+    }
+}
+
 pub struct Generation {
     model: Rc<dyn LanguageModel>,
     caches: Vec<LayerCache>,
@@ -37,16 +47,22 @@ pub struct Generation {
     sampler: Sampler,
     pending: Option<Step>,
     generated: u32,
+    continuous: bool,
     started: Instant,
     first_token: Option<Instant>,
 }
 
 impl Generation {
     /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
-    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions) -> Plan {
+    /// `continuous`: its decode steps may be batched with other generations of the model.
+    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool) -> Plan {
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
-            start: Box::new(move || Ok(Box::new(Generation::new(model, prompt, opts)?) as Box<dyn MethodRun>)),
+            start: Box::new(move || {
+                let mut g = Generation::new(model, prompt, opts)?;
+                g.continuous = continuous;
+                Ok(Box::new(g) as Box<dyn MethodRun>)
+            }),
         }
     }
 
@@ -63,6 +79,7 @@ impl Generation {
             sampler,
             pending: None,
             generated: 0,
+            continuous: false,
             started: Instant::now(),
             first_token: None,
         })
@@ -88,18 +105,61 @@ impl Generation {
             out.progress(self.prefilled as f64, Some(total as f64))?;
             return Ok(RunStep::Continue);
         }
-        let Some(current) = self.pending.take() else {
-            let first = self.forward(&ids(&self.prompt[last..]), 0)?;
-            self.pending = Some(first);
-            out.progress(total as f64, Some(total as f64))?;
-            return Ok(RunStep::Continue);
-        };
+        let current = self.pending.take();
         // Queue the next step before reading this one, unless this is the last token allowed.
-        if self.generated + 1 < self.opts.max_tokens {
-            self.sampler.push(&current.token)?;
-            let next = self.forward(&current.token.reshape(&[1, 1])?, self.generated as u64 + 1)?;
+        if let Some((input, step)) = self.next_input(current.as_ref())? {
+            let hidden = self.model.hidden(&input, &mut self.caches)?;
+            let logits = self.model.logits(&hidden.index((.., -1.., ..)))?.reshape(&[1, -1])?;
+            let next = self.sample(&logits, step)?;
+            async_eval(next.arrays())?;
             self.pending = Some(next);
         }
+        self.deliver(current, out)
+    }
+
+    /// The prompt is processed up to its last token: the next unit is one token's forward (or
+    /// only reading the last token), which can run batched with other generations.
+    pub fn decode_ready(&self) -> bool {
+        self.prefilled + 1 >= self.prompt.len()
+    }
+
+    /// Groups batchable generations: those placed continuous, by model.
+    pub fn batch_key(&self) -> Option<*const ()> {
+        self.continuous.then(|| Rc::as_ptr(&self.model) as *const ())
+    }
+
+    /// The token to forward next and its sampling step: the last prompt token first, then each
+    /// sampled token, except after the last token allowed.
+    fn next_input(&mut self, current: Option<&Step>) -> Result<Option<(Array, u64)>> {
+        match current {
+            None => Ok(Some((ids(&self.prompt[self.prompt.len() - 1..]), 0))),
+            Some(c) if self.generated + 1 < self.opts.max_tokens => {
+                self.sampler.push(&c.token)?;
+                Ok(Some((c.token.reshape(&[1, 1])?, u64::from(self.generated) + 1)))
+            }
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// The lazy token (and logprobs) sampled from `logits` [1, V].
+    fn sample(&mut self, logits: &Array, step: u64) -> Result<Step> {
+        let (token, logprobs) = self.sampler.sample(logits, step)?;
+        let token = token.reshape(&[1])?;
+        let logprobs = if self.opts.wants_logprobs() {
+            Some(PendingLogprobs::new(&logprobs, &token, self.opts.top_logprobs)?)
+        } else {
+            None
+        };
+        Ok(Step { token, logprobs })
+    }
+
+    /// Reads the step queued before (if any) and publishes its token.
+    fn deliver(&mut self, current: Option<Step>, out: &mut Output<'_>) -> Result<RunStep> {
+        let total = self.prompt.len() as f64;
+        let Some(current) = current else {
+            out.progress(total, Some(total))?;
+            return Ok(RunStep::Continue);
+        };
         let id = current.token.try_item_exact::<u32>().map_err(|e| Error::Mlx(e.to_string()))?;
         if self.first_token.is_none() {
             self.first_token = Some(Instant::now());
@@ -119,23 +179,63 @@ impl Generation {
         Ok(RunStep::Continue)
     }
 
-    /// Builds the graph for one decode step on `input` [1, L] and starts evaluating it.
-    fn forward(&mut self, input: &Array, step: u64) -> Result<Step> {
-        let hidden = self.model.hidden(input, &mut self.caches)?;
-        let logits = self.model.logits(&hidden.index((.., -1.., ..)))?.reshape(&[1, -1])?;
-        let (token, logprobs) = self.sampler.sample(&logits, step)?;
-        let token = token.reshape(&[1])?;
-        let logprobs = if self.opts.wants_logprobs() {
-            Some(PendingLogprobs::new(&logprobs, &token, self.opts.top_logprobs)?)
-        } else {
-            None
-        };
-        let mut outputs = vec![&token];
-        if let Some(lp) = &logprobs {
-            outputs.extend(lp.arrays());
+    /// One decode unit for several generations of the same model, in one graph: their next
+    /// tokens are forwarded as a batch (each row keeps its own caches and length), each row
+    /// samples with its own sampler and step, then each reads and publishes the token it had
+    /// queued, exactly as `advance` does alone. Returns each row's result, in order.
+    pub fn step_batch(rows: &mut [(&mut Generation, Output<'_>)]) -> Vec<Result<RunStep>> {
+        let mut results: Vec<Option<Result<RunStep>>> = rows.iter().map(|_| None).collect();
+        let mut currents = Vec::with_capacity(rows.len());
+        let mut inputs = Vec::new();
+        for (i, (g, out)) in rows.iter_mut().enumerate() {
+            let current = g.pending.take();
+            if out.stopped() {
+                results[i] = Some(Ok(g.done(FinishReason::Stop)));
+            } else {
+                match g.next_input(current.as_ref()) {
+                    Ok(Some((input, step))) => inputs.push((i, input, step)),
+                    Ok(None) => {}
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+            currents.push(current);
         }
-        async_eval(outputs)?;
-        Ok(Step { token, logprobs })
+        if let Err(e) = Self::forward_batch(rows, &inputs) {
+            let message = e.to_string();
+            return rows.iter().map(|_| Err(Error::Mlx(message.clone()))).collect();
+        }
+        rows.iter_mut()
+            .zip(currents)
+            .zip(results)
+            .map(|(((g, out), current), result)| result.unwrap_or_else(|| g.deliver(current, out)))
+            .collect()
+    }
+
+    /// Forwards `inputs` (row index, token [1, 1], sampling step) as one batch and queues each
+    /// row's next step.
+    fn forward_batch(rows: &mut [(&mut Generation, Output<'_>)], inputs: &[(usize, Array, u64)]) -> Result<()> {
+        let Some(&(first, ..)) = inputs.first() else { return Ok(()) };
+        let model = rows[first].0.model.clone();
+        let batch = ops::concatenate(&inputs.iter().map(|(_, t, _)| t).collect::<Vec<_>>(), 0)?;
+        let mut caches: Vec<&mut [LayerCache]> = Vec::with_capacity(inputs.len());
+        let mut chosen = inputs.iter().map(|(i, ..)| *i).peekable();
+        for (i, (g, _)) in rows.iter_mut().enumerate() {
+            if chosen.peek() == Some(&i) {
+                chosen.next();
+                caches.push(&mut g.caches);
+            }
+        }
+        let hidden = model.hidden_rows(&batch, &mut caches)?;
+        let logits = model.logits(&hidden)?;
+        let mut arrays = Vec::new();
+        for (row, (i, _, step)) in inputs.iter().enumerate() {
+            let g = &mut rows[*i].0;
+            let next = g.sample(&logits.index(row as i32).reshape(&[1, -1])?, *step)?;
+            arrays.extend(next.arrays().into_iter().cloned());
+            g.pending = Some(next);
+        }
+        async_eval(&arrays)?;
+        Ok(())
     }
 
     pub fn stats(&self) -> GenerateStats {
@@ -165,6 +265,10 @@ impl MethodRun for Generation {
 
     fn metrics(&self) -> GenerateStats {
         self.stats()
+    }
+
+    fn as_generation(&mut self) -> Option<&mut Generation> {
+        Some(self)
     }
 
     fn close(self: Box<Self>) -> Result<()> {

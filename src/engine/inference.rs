@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::method::Script;
+use super::plan::{resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements, Mechanism};
 use super::session::{CancelReason, DeliveryLimits, OutputMode, Session, SessionHooks};
 use super::thread::{Engine, ModelId};
 use crate::error::{Error, Result};
@@ -79,8 +80,23 @@ pub enum Source {
 
 /// One request, already tokenized and validated.
 pub enum MethodSpec {
-    Generate { model: ModelId, prompt: Vec<u32>, opts: GenerateOptions },
+    /// `continuous`: placed in the model's continuous batch (`resolve_execution`), set by `open`.
+    Generate { model: ModelId, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool },
     Script(Script),
+}
+
+/// Where a plain autoregressive request runs: mlx-bun 0.5's placement over what this engine
+/// can do (continuous batching of autoregressive rows; no paged KV, fill, grammar or media).
+fn continuous(opts: &GenerateOptions) -> bool {
+    let requirements = ExecutionRequirements {
+        has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
+        user_seed: opts.sampling.seed != 0,
+        has_logits_extras: !opts.sampling.logit_bias.is_empty(),
+        wants_logprobs: opts.wants_logprobs(),
+        ..Default::default()
+    };
+    let capabilities = ExecutionCapabilities { continuous: true, ..Default::default() };
+    resolve_execution(&requirements, &capabilities, &ExecutionFeatures::default()).mechanism == Mechanism::Continuous
 }
 
 /// Sessions alive (not yet terminal) in the whole process.
@@ -134,13 +150,15 @@ impl InferenceEngine {
     }
 
     /// Opens a session for a validated request. Stream sessions start on their first read.
-    pub fn open(self: &Arc<Self>, spec: MethodSpec, mode: OutputMode) -> Result<Arc<Session>> {
+    /// `cancelled`: the caller's abort signal had already fired, so nothing may run.
+    pub fn open(self: &Arc<Self>, mut spec: MethodSpec, mode: OutputMode, cancelled: bool) -> Result<Arc<Session>> {
         if self.is_closed() {
             return Err(Error::EngineClosed);
         }
-        if let (MethodSpec::Generate { prompt, opts, .. }, Source::Model { vocab_size, .. }) = (&spec, &self.source) {
+        if let (MethodSpec::Generate { prompt, opts, continuous: c, .. }, Source::Model { vocab_size, .. }) = (&mut spec, &self.source) {
             validate_prompt(prompt, *vocab_size)?;
             opts.validate(*vocab_size)?;
+            *c = continuous(opts);
         }
         let capacity = self.options.max_active + self.options.max_queued;
         if self.live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1)).is_err() {
@@ -163,6 +181,9 @@ impl InferenceEngine {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             sessions.retain(|s| s.strong_count() > 0);
             sessions.push(Arc::downgrade(&session));
+        }
+        if cancelled {
+            session.cancel(CancelReason::Requested);
         }
         Engine::get().open(self.clone(), session.clone(), spec);
         Ok(session)

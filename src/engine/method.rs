@@ -19,6 +19,10 @@ pub trait MethodRun {
     fn metrics(&self) -> GenerateStats;
     /// Releases the run's native state; always called once, whatever happened.
     fn close(self: Box<Self>) -> Result<()>;
+    /// An autoregressive generation, whose decode steps the engine may batch with others.
+    fn as_generation(&mut self) -> Option<&mut super::generate::Generation> {
+        None
+    }
 }
 
 pub struct Plan {

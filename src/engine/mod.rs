@@ -12,4 +12,4 @@ mod thread;
 
 pub use events::{FinishReason, GenerateStats};
 pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
-pub use thread::{Engine, ModelId};
+pub use thread::{batch_counts, Engine, ModelId};

@@ -14,6 +14,7 @@ use mlx_rs::Array;
 use tokio::sync::oneshot;
 
 use super::driver::{Advanced, Driver};
+use super::generate::Generation;
 use super::inference::{InferenceEngine, MethodSpec};
 use super::session::Session;
 use crate::error::{Error, Result};
@@ -123,6 +124,13 @@ struct EngineLoop {
 }
 
 static NEXT_MODEL: AtomicU64 = AtomicU64::new(1);
+static BATCHED_STEPS: AtomicU64 = AtomicU64::new(0);
+static BATCHED_ROWS: AtomicU64 = AtomicU64::new(0);
+
+/// Batched decode steps run so far, and the rows they advanced (for tests and benchmarks).
+pub fn batch_counts() -> (u64, u64) {
+    (BATCHED_STEPS.load(Ordering::Relaxed), BATCHED_ROWS.load(Ordering::Relaxed))
+}
 
 impl EngineLoop {
     fn new(rx: Receiver<Command>) -> Self {
@@ -221,27 +229,63 @@ impl EngineLoop {
         for d in &mut self.drivers {
             d.admit();
         }
-        let models = &self.models;
-        let model = |id: ModelId| models.get(&id).cloned().ok_or(Error::ModelDisposed);
         let n = self.drivers.len();
-        let mut worked = false;
         for k in 0..n {
             let i = (self.cursor + k) % n;
+            if let Some(key) = self.drivers[i].batch_key() {
+                // Every session whose next unit is a decode step of the same model joins.
+                let members: Vec<usize> = (0..n).map(|k| (i + k) % n).filter(|&j| j == i || self.drivers[j].batch_key() == Some(key)).collect();
+                if members.len() > 1 {
+                    self.step_batch(&members);
+                    // Past the last member, so sessions still prefilling get the next turn.
+                    self.cursor = members.last().map_or(i, |&j| j) + 1;
+                    return true;
+                }
+            }
+            let models = &self.models;
+            let model = |id: ModelId| models.get(&id).cloned().ok_or(Error::ModelDisposed);
             match self.drivers[i].advance(&model) {
                 Advanced::Idle => continue,
                 Advanced::Worked => {}
-                Advanced::Terminal => {
-                    self.drivers.remove(i);
-                    if self.drivers.is_empty() {
-                        mlx_rs::memory::clear_cache().ok();
-                    }
-                }
+                Advanced::Terminal => self.remove(&[i]),
             }
             self.cursor = i + 1;
-            worked = true;
-            break;
+            return true;
         }
-        worked
+        false
+    }
+
+    /// One decode step of `members` (indices of drivers) in one graph.
+    fn step_batch(&mut self, members: &[usize]) {
+        BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
+        BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
+        let mut sorted = members.to_vec();
+        sorted.sort_unstable();
+        let mut drivers: Vec<&mut Driver> =
+            self.drivers.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, d)| d).collect();
+        let results = {
+            let mut rows: Vec<_> = drivers.iter_mut().map(|d| d.batch_parts().expect("batch members are generations")).collect();
+            Generation::step_batch(&mut rows)
+        };
+        let mut ended = Vec::new();
+        for ((d, result), &j) in drivers.iter_mut().zip(results).zip(&sorted) {
+            if d.conclude(result) == Advanced::Terminal {
+                ended.push(j);
+            }
+        }
+        self.remove(&ended);
+    }
+
+    /// Drops the drivers at `indices`, whose sessions have ended.
+    fn remove(&mut self, indices: &[usize]) {
+        let mut sorted = indices.to_vec();
+        sorted.sort_unstable();
+        for &i in sorted.iter().rev() {
+            self.drivers.remove(i);
+        }
+        if self.drivers.is_empty() {
+            mlx_rs::memory::clear_cache().ok();
+        }
     }
 
     fn model(&self, id: ModelId) -> Result<Rc<dyn LanguageModel>> {

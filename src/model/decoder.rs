@@ -40,7 +40,18 @@ impl Block {
     }
 
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
-        let mut r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
+        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
+        self.finish(x, r)
+    }
+
+    /// Independent sequences in one batch (see `Attention::forward_rows`).
+    fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
+        let r = self.attn.forward_rows(&self.input_norm.forward(x)?, masks, caches)?;
+        self.finish(x, r)
+    }
+
+    /// The residual adds and the MLP around an attention output `r`.
+    fn finish(&self, x: &Array, mut r: Array) -> Result<Array> {
         if let Some(n) = &self.post_attn_norm {
             r = n.forward(&r)?;
         }
@@ -89,6 +100,16 @@ impl Decoder {
     }
 }
 
+impl Decoder {
+    fn embed(&self, ids: &Array) -> Result<Array> {
+        let h = self.embed_tokens.forward(ids)?;
+        Ok(match self.embed_scale {
+            Some(s) => ops::multiply(&h, &Array::from_f32(s).as_dtype(Dtype::Bfloat16)?.as_dtype(h.dtype())?)?,
+            None => h,
+        })
+    }
+}
+
 impl LanguageModel for Decoder {
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -108,10 +129,7 @@ impl LanguageModel for Decoder {
     }
 
     fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(ids)?;
-        if let Some(s) = self.embed_scale {
-            h = ops::multiply(&h, &Array::from_f32(s).as_dtype(Dtype::Bfloat16)?.as_dtype(h.dtype())?)?;
-        }
+        let mut h = self.embed(ids)?;
         let n = ids.shape()[1] as usize;
         // Masks come from the caches' state before this step, one per attention kind.
         let full = self.layers.iter().position(|b| !b.sliding);
@@ -121,6 +139,18 @@ impl LanguageModel for Decoder {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
             h = layer.forward(&h, mask.expect("a mask exists for every kind of layer present"), cache)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array> {
+        let mut h = self.embed(ids)?;
+        let n = ids.shape()[1] as usize;
+        for (j, layer) in self.layers.iter().enumerate() {
+            let window = layer.sliding.then_some(self.sliding_window);
+            let masks = rows.iter().map(|c| c[j].make_mask(n, window)).collect::<Result<Vec<_>>>()?;
+            let mut caches: Vec<&mut LayerCache> = rows.iter_mut().map(|c| &mut c[j]).collect();
+            h = layer.forward_rows(&h, &masks, &mut caches)?;
         }
         self.norm.forward(&h)
     }

@@ -300,7 +300,8 @@ impl Attention {
         })
     }
 
-    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
+    /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, k, v) = match &self.qkv {
             Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -319,12 +320,43 @@ impl Attention {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
+        Ok((q, k, v))
+    }
+
+    /// RoPE at the cache's position, cache update, then attention, for one sequence.
+    fn attend(&self, q: &Array, k: &Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let offset = cache.offset() as i32;
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let q = self.rope.forward(q, offset)?;
+        let k = self.rope.forward(k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.sdpa(), None)?;
+        Ok(fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.sdpa(), None)?)
+    }
+
+    fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array> {
         self.o_proj.forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (q, k, v) = self.project(x)?;
+        let o = self.attend(&q, &k, v, mask, cache)?;
+        self.output(&o, b, l)
+    }
+
+    /// One batch of independent sequences, row `i` with its own cache and mask (caches may hold
+    /// different lengths): projections run batched, attention row by row.
+    pub fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (q, k, v) = self.project(x)?;
+        let rows = (0..b)
+            .zip(caches.iter_mut())
+            .zip(masks)
+            .map(|((i, cache), mask)| {
+                let row = |t: &Array| t.index(i..i + 1);
+                self.attend(&row(&q), &row(&k), row(&v), mask, cache)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.output(&ops::concatenate(&rows, 0)?, b, l)
     }
 }
 

@@ -29,6 +29,9 @@ pub trait LanguageModel {
     fn new_cache(&self) -> Vec<LayerCache>;
     /// Final-norm hidden states [B, L, D] for `ids` [B, L], appending to `caches`.
     fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array>;
+    /// The same for a batch of independent sequences, row `i` of `ids` [B, L] appending to
+    /// `rows[i]`; rows may hold different lengths.
+    fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array>;
     /// Output-vocabulary logits for hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array>;
 }

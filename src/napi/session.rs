@@ -15,7 +15,7 @@ use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
 use crate::engine::inference::live_sessions;
 use crate::engine::method::Script;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
-use crate::engine::{EngineOptions, InferenceEngine, MethodSpec, Source};
+use crate::engine::{batch_counts, EngineOptions, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::sample::logprobs::TokenLogprobs;
 use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
@@ -73,6 +73,21 @@ pub fn live_sessions_native() -> u32 {
 }
 
 #[napi(object)]
+pub struct BatchCountsJs {
+    /// Decode steps that advanced several sessions in one graph.
+    pub steps: f64,
+    /// Session steps taken inside them.
+    pub rows: f64,
+}
+
+/// How much decoding ran batched, across every engine since the process started.
+#[napi]
+pub fn batch_counts_native() -> BatchCountsJs {
+    let (steps, rows) = batch_counts();
+    BatchCountsJs { steps: steps as f64, rows: rows as f64 }
+}
+
+#[napi(object)]
 pub struct EngineStatsJs {
     pub live_sessions: u32,
     pub running: u32,
@@ -103,7 +118,7 @@ impl NativeEngine {
             }
             _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
         };
-        Ok(MethodSpec::Generate { model: *id, prompt, opts })
+        Ok(MethodSpec::Generate { model: *id, prompt, opts, continuous: true })
     }
 }
 
@@ -119,6 +134,7 @@ impl NativeEngine {
         options: Option<GenerateOptionsJs>,
         output: Option<String>,
         has_on_tokens: bool,
+        aborted: bool,
     ) -> napi::Result<NativeSession> {
         let open = || -> Result<Arc<Session>> {
             if self.model_disposed.as_ref().is_some_and(|d| d.load(Ordering::Acquire)) {
@@ -129,7 +145,7 @@ impl NativeEngine {
                 return Err(Error::option("onTokens", "a function is required with output 'callback'"));
             }
             let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default())?;
-            self.inner.open(spec, mode)
+            self.inner.open(spec, mode, aborted)
         };
         open().map(|inner| NativeSession { inner }).map_err(js_error)
     }
