@@ -222,3 +222,22 @@ describe('session stress: abandoned sessions', () => {
     }
   })
 })
+
+describe('a stalled consumer', () => {
+  test('never blocks other sessions or the engine', { timeout: 60_000 }, async () => {
+    const model = await mlx.loadModel(makeTinyLlama(path.join(tmpdir('stall'), 'tiny')))
+    const engine = mlx.createEngine(model, { maxQueuedEvents: 2, idleTimeoutMs: 60_000 })
+    const request = { promptTokens: [3, 1, 4, 1, 5], maxTokens: 40, eosTokenIds: [] }
+    const alone = await within(engine.open(request, { output: 'collect' }).result, 'the reference run')
+    // A reads one event and then nothing: its producer fills the queue and waits.
+    const stalled = engine.open({ ...request, maxTokens: 500 })
+    await stalled.events[Symbol.asyncIterator]().next()
+    const others = await within(Promise.all([0, 1, 2].map(() => engine.open(request, { output: 'collect' }).result)), 'sessions beside a stalled one', 30_000)
+    for (const o of others) assert.deepEqual(Array.from(o.output), Array.from(alone.output))
+    assert.equal(stalled.state, 'running')
+    await within(stalled.close(), 'closing the stalled session')
+    assert.equal((await stalled.result).reason, 'consumer_closed')
+    await engine.close()
+    model.dispose()
+  })
+})

@@ -11,7 +11,8 @@ case "$(uname -s)-$(uname -m)" in
   Darwin-arm64) triple=darwin-arm64; lib=libmlx_bun.dylib ;;
   *) echo "unsupported platform $(uname -s)-$(uname -m)" >&2; exit 1 ;;
 esac
-cp target/release/$lib mlx-bun.$triple.node
+# Replace by rename: processes that have the old addon mapped keep a valid file (cp over it raises SIGBUS).
+cp target/release/$lib mlx-bun.$triple.node.tmp && mv -f mlx-bun.$triple.node.tmp mlx-bun.$triple.node
 prefix=${MLX_PREFIX:-.mlx/mlx-cpu/mlx}
 mkdir -p mlx/lib
 cp "$prefix"/lib/libmlx.* mlx/lib/
