@@ -11,6 +11,8 @@ MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
 MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
   cargo test --release -q --no-default-features --features cli -- --include-ignored
 echo "== node --test"
-node --test __test__/
+# --expose-gc reaches every test file; the session tests use it to check that sessions dropped
+# without closing are reclaimed by garbage collection.
+node --expose-gc --test __test__/
 echo "== bun test"
 node_modules/.bin/bun test --timeout 600000 __test__/
