@@ -219,8 +219,9 @@ class GenerationSession {
           const lp = batch.logprobs ? batch.logprobs.map((l) => l ?? undefined) : undefined
           r = await onTokens(Array.from(batch.tokens), lp)
         } catch (e) {
-          native.consumed(events)
+          // Fail before acknowledging: the acknowledgement may let the session complete.
           native.failOutput(e instanceof Error ? e.message : String(e))
+          native.consumed(events)
           continue
         }
         native.consumed(events)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,6 +48,35 @@ print(json.dumps({"engine": "mlx-lm", "prefill_tps": series("prefill"), "decode_
 """
 
 
+def bandwidth_gbs():
+    """Streaming read bandwidth of this machine: the best of 5 sums over a 1 GiB array."""
+    import numpy as np
+
+    a = np.ones(1 << 27, dtype=np.float64)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9
+
+
+def bytes_per_token(model, context):
+    """What one decode step must read at least: every weight, plus the KV cache at `context`."""
+    if os.path.isfile(model):
+        weights = os.path.getsize(model)
+        return weights, weights  # GGUF: KV shape is not in a config.json; weights dominate here
+    weights = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+    with open(os.path.join(model, "config.json")) as f:
+        c = json.load(f)
+    c = c.get("text_config", c)
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads", c["num_attention_heads"])
+    elem = 4 if c.get("torch_dtype") == "float32" else 2
+    kv = 2 * c["num_hidden_layers"] * kv_heads * head_dim * context * elem
+    return weights, weights + kv
+
+
 def run_json(cmd, env):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -59,6 +89,7 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
+    bw = bandwidth_gbs()
     env = dict(os.environ)
     blas = f"/usr/lib/{os.uname().machine}-linux-gnu/libopenblas.so.0"
     py_env = dict(env, HF_HUB_OFFLINE="1")
@@ -84,6 +115,15 @@ def main():
             print(f"| {name} | {n} | {label} | {fmt(o)} | {fmt(r)} | {o['median'] / r['median']:.2f}× |")
         print(f"| {name} | {n} | peak RSS MB | {ours['peak_rss_mb']:.0f} | {ref['peak_rss_mb']:.0f} | "
               f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |")
+    print(f"\nRoofline: streaming read bandwidth {bw:.1f} GB/s (numpy sum over 1 GiB, best of 5).")
+    print("| model | prompt | bytes read per decode token | roofline tok/s | mlx-bun % of roofline | mlx-lm % of roofline |")
+    print("|" + "---|" * 6)
+    for name, n, ours, ref in rows:
+        model = next(m for m in a.models if os.path.basename(m.rstrip("/")) == name)
+        weights, total = bytes_per_token(model, n + a.gen_tokens // 2)
+        roof = bw * 1e9 / total
+        pct = lambda s: 100 * s["decode_tps"]["median"] / roof
+        print(f"| {name} | {n} | {total / 1e6:.0f} MB ({weights / 1e6:.0f} MB weights) | {roof:.1f} | {pct(ours):.0f} % | {pct(ref):.0f} % |")
 
 
 if __name__ == "__main__":
