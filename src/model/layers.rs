@@ -190,7 +190,19 @@ impl Rope {
     }
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
-        let x = match self.input_scale {
+        let x = self.scale_input(x)?;
+        Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
+    }
+
+    /// A batch whose row `i` starts at position `offsets[i]` ([B] int32), in one op. MLX gives
+    /// each row exactly what `forward` gives it alone.
+    pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        let x = self.scale_input(x)?;
+        Ok(fast::rope_dynamic(&x, self.dims, self.traditional, self.base, self.scale, offsets, self.freqs.as_ref())?)
+    }
+
+    fn scale_input(&self, x: &Array) -> Result<Array> {
+        Ok(match self.input_scale {
             Some(s) => {
                 let head = x.shape()[x.ndim() - 1];
                 let scaled = ops::multiply(&x.index((.., .., .., ..self.dims)), &scalar(s, x)?)?;
@@ -201,8 +213,7 @@ impl Rope {
                 }
             }
             None => x.clone(),
-        };
-        Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
+        })
     }
 }
 
@@ -323,13 +334,10 @@ impl Attention {
         Ok((q, k, v))
     }
 
-    /// RoPE at the cache's position, cache update, then attention, for one sequence.
-    fn attend(&self, q: &Array, k: &Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
-        let offset = cache.offset() as i32;
-        let q = self.rope.forward(q, offset)?;
-        let k = self.rope.forward(k, offset)?;
+    /// Cache update, then attention, for one sequence whose q and k carry their positions.
+    fn attend(&self, q: &Array, k: Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (k, v) = cache.update_and_fetch(k, v)?;
-        Ok(fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.sdpa(), None)?)
+        Ok(fast::scaled_dot_product_attention(q, &k, &v, self.scale, mask.sdpa(), None)?)
     }
 
     fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array> {
@@ -339,7 +347,10 @@ impl Attention {
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, k, v) = self.project(x)?;
-        let o = self.attend(&q, &k, v, mask, cache)?;
+        let offset = cache.offset() as i32;
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let o = self.attend(&q, k, v, mask, cache)?;
         self.output(&o, b, l)
     }
 
@@ -348,12 +359,16 @@ impl Attention {
     pub fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, k, v) = self.project(x)?;
+        let offsets: Vec<i32> = caches.iter().map(|c| c.offset() as i32).collect();
+        let offsets = Array::from_slice(&offsets, &[b]);
+        let q = self.rope.forward_rows(&q, &offsets)?;
+        let k = self.rope.forward_rows(&k, &offsets)?;
         let rows = (0..b)
             .zip(caches.iter_mut())
             .zip(masks)
             .map(|((i, cache), mask)| {
                 let row = |t: &Array| t.index(i..i + 1);
-                self.attend(&row(&q), &row(&k), row(&v), mask, cache)
+                self.attend(&row(&q), row(&k), row(&v), mask, cache)
             })
             .collect::<Result<Vec<_>>>()?;
         self.output(&ops::concatenate(&rows, 0)?, b, l)
