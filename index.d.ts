@@ -170,6 +170,10 @@ export interface EngineOptions {
   maxActive?: number
   /** Open sessions beyond `maxActive` before `open` throws `ADMISSION_REJECTED`. Default 64. */
   maxQueued?: number
+  /** Tokens one scheduler iteration processes when new prompts prefill while other sessions decode; the running sessions' tokens are reserved first, prompt chunks fill the rest. Default 512. */
+  maxIterationTokens?: number
+  /** Prompt tokens prefilled together in one chunk when no session is decoding; short prompts that arrive together are admitted as a burst within it. Default 2048. */
+  maxPreparationTokens?: number
   /** Tokenizer for `messages` requests. Default: the one beside the model. */
   tokenizer?: Tokenizer
   /** Chat template for `messages` requests. Default: the model's own. */
@@ -290,8 +294,8 @@ export const testing: {
   ): InferenceEngine
   /** Sessions alive across all engines (for leak checks). */
   liveSessions(): number
-  /** Decode steps that advanced several sessions in one graph, and the session steps inside them, since the process started. */
-  batchCounts(): { steps: number; rows: number }
+  /** Units that advanced several sessions in one graph since the process started: decode steps (`steps`, with the session steps inside them, `rows`) and prefill chunks (`prefillSteps`, `prefillRows`). */
+  batchCounts(): { steps: number; rows: number; prefillSteps: number; prefillRows: number }
 }
 
 /** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */

@@ -26,7 +26,7 @@ async function aloneAndTogether(model, requests) {
   const together = await Promise.all(requests.map((r) => collectOne(engine, r)))
   await engine.close()
   const after = mlx.testing.batchCounts()
-  return { alone, together, batchedRows: after.rows - before.rows }
+  return { alone, together, batchedRows: after.rows - before.rows, prefillRows: after.prefillRows - before.prefillRows }
 }
 
 describe('continuous batching on a tiny random llama', () => {
@@ -40,9 +40,11 @@ describe('continuous batching on a tiny random llama', () => {
   for (const n of [2, 4, 8]) {
     test(`${n} concurrent greedy sessions with different prompt lengths equal each alone`, async () => {
       const requests = Array.from({ length: n }, (_, i) => ({ promptTokens: prompt(i), maxTokens: 12 + 3 * i, eosTokenIds: [] }))
-      const { alone, together, batchedRows } = await aloneAndTogether(model, requests)
+      const { alone, together, batchedRows, prefillRows } = await aloneAndTogether(model, requests)
       assert.deepEqual(together, alone)
       assert.ok(batchedRows >= n * 8, `decode ran batched (${batchedRows} batched row steps)`)
+      // Sessions reach the engine thread one by one: two may or may not arrive together.
+      if (n > 2) assert.ok(prefillRows >= 2, `prompts prefilled batched (${prefillRows} batched row chunks)`)
     })
   }
 
@@ -108,21 +110,53 @@ describe('continuous batching on a tiny random llama', () => {
 })
 
 describe('continuous batching on SmolLM2 (real weights)', () => {
-  test('4 concurrent greedy sessions each produce mlx-lm reference tokens', async () => {
-    const ref = readJson('ref-f32.json')
-    const model = await mlx.loadModel(fixture('smollm2-f32'))
-    const N = 12
-    const expected = ref.results.map((r) => {
+  const N = 12
+  let ref, model, expected
+  before(async () => {
+    ref = readJson('ref-f32.json')
+    model = await mlx.loadModel(fixture('smollm2-f32'))
+    expected = ref.results.map((r) => {
       const stop = r.tokens.findIndex((t) => ref.eos_token_ids.includes(t))
       return (stop < 0 ? r.tokens : r.tokens.slice(0, stop)).slice(0, N)
     })
+  })
+  after(() => model.dispose())
+
+  for (const sessions of [2, 4, 8]) {
+    test(`${sessions} concurrent greedy sessions each produce mlx-lm reference tokens`, async () => {
+      const engine = mlx.createEngine(model)
+      const before = mlx.testing.batchCounts()
+      const which = Array.from({ length: sessions }, (_, i) => i % ref.results.length)
+      const outs = await Promise.all(which.map((i) => collectOne(engine, { promptTokens: ref.results[i].prompt_ids, maxTokens: N })))
+      const after = mlx.testing.batchCounts()
+      const rows = after.rows - before.rows
+      // Rows that arrive later join after their prefill: at least half the steps run batched.
+      assert.ok(rows >= (sessions * N) / 2, `decode ran batched (${rows} batched row steps)`)
+      if (sessions > 2) {
+        const prefilled = after.prefillRows - before.prefillRows
+        assert.ok(prefilled >= 2, `prompts prefilled batched (${prefilled} batched row chunks)`)
+      }
+      assert.deepEqual(outs, which.map((i) => expected[i]))
+      await engine.close()
+    })
+  }
+
+  test('a row cancelled mid-decode leaves the other rows equal to mlx-lm', async () => {
     const engine = mlx.createEngine(model)
-    const before = mlx.testing.batchCounts()
-    const requests = [...ref.results, ref.results[1]].map((r) => ({ promptTokens: r.prompt_ids, maxTokens: N }))
-    const outs = await Promise.all(requests.map((r) => collectOne(engine, r)))
-    assert.ok(mlx.testing.batchCounts().rows - before.rows >= 2 * N, 'decode ran batched')
-    assert.deepEqual(outs, [...expected, expected[1]])
+    const keep = [0, 1, 2].map((i) => engine.open({ promptTokens: ref.results[i].prompt_ids, maxTokens: N }, { output: 'collect' }))
+    let got = 0
+    const cancelled = engine.open({ promptTokens: ref.results[1].prompt_ids, maxTokens: N }, {
+      output: 'callback',
+      onTokens: (ids) => {
+        got += ids.length
+        if (got >= 3) cancelled.cancel().catch(() => {})
+      },
+    })
+    const outs = await Promise.all(keep.map((s) => within(s.result, 'a kept row', 60_000)))
+    assert.deepEqual(outs.map((o) => Array.from(o.output)), expected)
+    const o = await cancelled.result
+    assert.equal(o.status, 'cancelled')
+    assert.ok(o.output === undefined || o.output.length < N)
     await engine.close()
-    model.dispose()
   })
 })

@@ -52,6 +52,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same failure for another row or caller. Errors are not `Clone` (I/O errors are not):
+    /// variants without such payloads are copied; the rest become `Mlx` errors with the same
+    /// message.
+    pub fn replicate(&self) -> Error {
+        match self {
+            Error::EngineClosed => Error::EngineClosed,
+            Error::ModelDisposed => Error::ModelDisposed,
+            Error::Cancelled(r) => Error::Cancelled(r),
+            Error::Protocol(m) => Error::Protocol(m.clone()),
+            Error::Mlx(m) => Error::Mlx(m.clone()),
+            other => Error::Mlx(other.to_string()),
+        }
+    }
+
     /// The stable, documented code of this error (mirrored in index.d.ts `ErrorCode`).
     pub fn code(&self) -> &'static str {
         match self {

@@ -150,7 +150,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions) ->
     let vocab_size = config.vocab_size;
     let model = Engine::get().load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
     let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
-    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts, continuous: true }, OutputMode::Stream, false)?;
+    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&tokenizer, true);
     let mut stdout = std::io::stdout().lock();
     let outcome = session.read_blocking(|event| {

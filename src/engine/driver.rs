@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::generate::Generation;
-use super::inference::{InferenceEngine, Lease, MethodSpec, Reservation};
+use super::inference::{placed_continuous, InferenceEngine, Lease, MethodSpec, Reservation};
 use super::method::{MethodRun, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
@@ -24,72 +24,138 @@ pub struct Driver {
     reservation: Option<Reservation>,
     /// The method's result, held until its last publication has been queued.
     finished: Option<Result<MethodResult>>,
+    settled: bool,
 }
 
-/// What a call to [`Driver::advance`] did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Advanced {
-    Worked,
-    Idle,
-    Terminal,
+/// Where a session stands in its engine's group (the scheduler's view of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Not started by its consumer yet, or already settled.
+    Outside,
+    /// Started, waiting for admission.
+    Queued,
+    /// Admitted: its run is being created or its prompt prefilled.
+    Preparing,
+    /// Decoding (or done and waiting for its last events to be delivered).
+    Active,
 }
 
 impl Driver {
     pub fn new(engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec) -> Self {
-        Driver { session, engine, spec: Some(spec), run: None, lease: None, reservation: None, finished: None }
+        Driver {
+            session,
+            engine,
+            spec: Some(spec),
+            run: None,
+            lease: None,
+            reservation: None,
+            finished: None,
+            settled: false,
+        }
     }
 
-    /// Admission: a started session waits in `preparing` until it gets a lease.
-    pub fn admit(&mut self) -> bool {
-        if self.lease.is_some() || !self.session.is_started() {
-            return false;
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
+    pub fn phase(&self) -> Phase {
+        if self.settled {
+            return Phase::Outside;
         }
-        if self.session.state() == SessionState::Created {
+        if self.lease.is_none() {
+            return if self.session.is_started() {
+                Phase::Queued
+            } else {
+                Phase::Outside
+            };
+        }
+        match self
+            .run
+            .as_ref()
+            .map(|r| r.generation().map(|g| g.decode_ready()))
+        {
+            None | Some(Some(false)) => Phase::Preparing,
+            Some(_) => Phase::Active,
+        }
+    }
+
+    /// Prompt tokens still to prefill before the first decode step.
+    pub fn preparation_tokens(&self) -> usize {
+        match (&self.spec, self.run.as_ref().and_then(|r| r.generation())) {
+            (Some(MethodSpec::Generate { prompt, .. }), _) => prompt.len().saturating_sub(1),
+            (_, Some(g)) => g.prefill_left(),
+            _ => 0,
+        }
+    }
+
+    /// A started session is `preparing` from the consumer's point of view until it runs.
+    pub fn touch(&self) {
+        if self.session.is_started() && self.session.state() == SessionState::Created {
             self.session.set_state(SessionState::Preparing);
         }
-        if !matches!(self.session.readiness(), Readiness::Runnable) {
-            return false;
+    }
+
+    /// Admission: takes an execution lease, if the engine has one free.
+    pub fn admit(&mut self) -> bool {
+        if self.lease.is_none() {
+            self.lease = self.engine.try_lease();
         }
-        self.lease = self.engine.try_lease();
         self.lease.is_some()
     }
 
-    /// One unit of work for this session, if it has any.
-    pub fn advance(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) -> Advanced {
+    /// Settles a session that needs no more work: cancelled, consumer failed, or finished with
+    /// everything delivered. Returns whether it is settled.
+    pub fn housekeep(&mut self) -> bool {
+        if self.settled {
+            return true;
+        }
         match self.session.readiness() {
-            Readiness::Terminal => Advanced::Terminal,
+            Readiness::Terminal => self.settled = true,
             Readiness::Settle => {
                 let result = match self.session.consumer_error() {
                     Some(message) => Err(Error::Protocol(message)),
-                    None => self.finished.take().unwrap_or(Err(Error::Cancelled("settling"))),
+                    None => self
+                        .finished
+                        .take()
+                        .unwrap_or(Err(Error::Cancelled("settling"))),
                 };
                 self.settle(result);
-                Advanced::Terminal
             }
-            _ if self.finished.is_some() => {
-                if !self.session.delivered() {
-                    return Advanced::Idle;
-                }
+            _ if self.finished.is_some() && self.session.delivered() => {
                 let result = self.finished.take().expect("checked");
                 self.settle(result);
-                Advanced::Terminal
             }
-            Readiness::Waiting => Advanced::Idle,
-            Readiness::Runnable if self.lease.is_none() => Advanced::Idle,
-            Readiness::Runnable => {
-                let step = match self.run.as_mut() {
-                    None => self.prepare(model).map(|()| Step::Continue),
-                    Some(run) => run.step(&mut self.session.output()),
-                };
-                self.conclude(step)
-            }
+            _ => {}
         }
+        self.settled
+    }
+
+    /// Whether the session holds a lease, has work left and its consumer has room.
+    pub fn runnable(&self) -> bool {
+        !self.settled
+            && self.lease.is_some()
+            && self.finished.is_none()
+            && self.session.readiness() == Readiness::Runnable
+    }
+
+    /// One unit of this session's own work: creating its run, or one step of it.
+    pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) {
+        let step = match self.run.as_mut() {
+            None => self.prepare(model).map(|()| Step::Continue),
+            Some(run) => run.step(&mut self.session.output()),
+        };
+        self.conclude(step);
+    }
+
+    /// The generation this session runs, once its run exists.
+    pub fn generation(&self) -> Option<&Generation> {
+        self.run.as_ref()?.generation()
     }
 
     /// The batch this session's next unit may join: its model, when that unit is a decode
     /// step of a continuous generation that may run now.
     pub fn batch_key(&mut self) -> Option<*const ()> {
-        if self.lease.is_none() || self.finished.is_some() || self.session.readiness() != Readiness::Runnable {
+        if !self.runnable() {
             return None;
         }
         let g = self.run.as_mut()?.as_generation()?;
@@ -100,16 +166,16 @@ impl Driver {
         }
     }
 
-    /// The generation and the output a batched step works on (see `batch_key`).
+    /// The generation and the output a batched unit works on.
     pub fn batch_parts(&mut self) -> Option<(&mut Generation, Output<'_>)> {
         let out = self.session.output();
         Some((self.run.as_mut()?.as_generation()?, out))
     }
 
     /// Handles the outcome of one unit of the method's work.
-    pub fn conclude(&mut self, step: Result<Step>) -> Advanced {
+    pub fn conclude(&mut self, step: Result<Step>) {
         let result = match step {
-            Ok(Step::Continue) => return Advanced::Worked,
+            Ok(Step::Continue) => return,
             Ok(Step::Done(result)) => Ok(result),
             Err(e) => Err(e),
         };
@@ -117,20 +183,28 @@ impl Driver {
         if !self.session.delivered() {
             self.finished = Some(result);
             self.session.mark_finishing();
-            return Advanced::Worked;
+            return;
         }
         self.settle(result);
-        Advanced::Terminal
     }
 
     fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) -> Result<()> {
         let plan = match self.spec.take().expect("prepared once") {
-            MethodSpec::Generate { model: id, prompt, opts, continuous } => Generation::plan(model(id)?, prompt, opts, continuous),
+            MethodSpec::Generate {
+                model: id,
+                prompt,
+                opts,
+            } => {
+                let continuous = placed_continuous(&opts);
+                Generation::plan(model(id)?, prompt, opts, continuous)
+            }
             MethodSpec::Script(script) => script.plan(),
         };
         let limit = plan.output_token_limit;
         if limit.fract() != 0.0 || !(0.0..=MAX_SAFE_INTEGER).contains(&limit) {
-            return Err(Error::Protocol(format!("invalid planned output token limit {limit}")));
+            return Err(Error::Protocol(format!(
+                "invalid planned output token limit {limit}"
+            )));
         }
         if self.session.mode == OutputMode::Collect {
             self.reservation = Some(self.engine.reserve_collect(limit as u64)?);
@@ -141,7 +215,8 @@ impl Driver {
     }
 
     /// Closes the run and releases everything the session held, then publishes the outcome.
-    fn settle(&mut self, result: Result<MethodResult>) {
+    pub fn settle(&mut self, result: Result<MethodResult>) {
+        self.settled = true;
         self.session.set_state(SessionState::Settling);
         let metrics = self.run.as_ref().map(|r| r.metrics());
         let run = self.run.take();

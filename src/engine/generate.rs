@@ -55,7 +55,12 @@ pub struct Generation {
 impl Generation {
     /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
     /// `continuous`: its decode steps may be batched with other generations of the model.
-    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool) -> Plan {
+    pub fn plan(
+        model: Rc<dyn LanguageModel>,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        continuous: bool,
+    ) -> Plan {
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
@@ -66,8 +71,15 @@ impl Generation {
         }
     }
 
-    pub fn new(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions) -> Result<Self> {
-        let eos = opts.eos_token_ids.clone().unwrap_or_else(|| model.config().eos_token_ids.clone());
+    pub fn new(
+        model: Rc<dyn LanguageModel>,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+    ) -> Result<Self> {
+        let eos = opts
+            .eos_token_ids
+            .clone()
+            .unwrap_or_else(|| model.config().eos_token_ids.clone());
         let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
         Ok(Generation {
             caches: model.new_cache(),
@@ -86,35 +98,116 @@ impl Generation {
     }
 
     fn done(&self, finish_reason: FinishReason) -> RunStep {
-        RunStep::Done(MethodResult { finish_reason, metrics: self.stats() })
+        RunStep::Done(MethodResult {
+            finish_reason,
+            metrics: self.stats(),
+        })
     }
 
     fn advance(&mut self, out: &mut Output<'_>) -> Result<RunStep> {
         if out.stopped() {
             return Ok(self.done(FinishReason::Stop));
         }
-        let total = self.prompt.len();
-        let last = total - 1;
-        if self.prefilled < last {
-            let n = (last - self.prefilled).min(self.opts.prefill_chunk_size as usize);
-            let chunk = &self.prompt[self.prefilled..self.prefilled + n];
-            self.model.hidden(&ids(chunk), &mut self.caches)?;
-            eval(self.caches.iter().flat_map(|c| c.state()))?;
-            mlx_rs::memory::clear_cache()?;
-            self.prefilled += n;
-            out.progress(self.prefilled as f64, Some(total as f64))?;
-            return Ok(RunStep::Continue);
+        if self.prefill_left() > 0 {
+            return self.prefill(out, self.prefill_chunk_size());
         }
         let current = self.pending.take();
         // Queue the next step before reading this one, unless this is the last token allowed.
         if let Some((input, step)) = self.next_input(current.as_ref())? {
             let hidden = self.model.hidden(&input, &mut self.caches)?;
-            let logits = self.model.logits(&hidden.index((.., -1.., ..)))?.reshape(&[1, -1])?;
+            let logits = self
+                .model
+                .logits(&hidden.index((.., -1.., ..)))?
+                .reshape(&[1, -1])?;
             let next = self.sample(&logits, step)?;
             async_eval(next.arrays())?;
             self.pending = Some(next);
         }
         self.deliver(current, out)
+    }
+
+    /// One prefill chunk of at most `max` prompt tokens.
+    pub fn prefill(&mut self, out: &mut Output<'_>, max: usize) -> Result<RunStep> {
+        if out.stopped() {
+            return Ok(self.done(FinishReason::Stop));
+        }
+        let n = self.prefill_left().min(max.max(1));
+        let chunk = &self.prompt[self.prefilled..self.prefilled + n];
+        self.model.hidden(&ids(chunk), &mut self.caches)?;
+        eval(self.caches.iter().flat_map(|c| c.state()))?;
+        mlx_rs::memory::clear_cache()?;
+        self.prefilled += n;
+        out.progress(self.prefilled as f64, Some(self.prompt.len() as f64))?;
+        Ok(RunStep::Continue)
+    }
+
+    /// Prompt tokens still to prefill: all but the last, which the first decode step forwards.
+    pub fn prefill_left(&self) -> usize {
+        (self.prompt.len() - 1).saturating_sub(self.prefilled)
+    }
+
+    /// The longest prefill chunk this request allows.
+    pub fn prefill_chunk_size(&self) -> usize {
+        self.opts.prefill_chunk_size as usize
+    }
+
+    /// One prefill chunk of `n` prompt tokens for each of several generations of the same model,
+    /// in one graph: their chunks are forwarded as a batch, each row on its own caches. A row
+    /// whose output was stopped ends instead. Returns each row's result, in order.
+    pub fn prefill_batch(
+        rows: &mut [(&mut Generation, Output<'_>)],
+        n: usize,
+    ) -> Vec<Result<RunStep>> {
+        let going: Vec<bool> = rows
+            .iter()
+            .map(|(g, out)| !out.stopped() && g.prefill_left() >= n)
+            .collect();
+        if let Err(e) = Self::forward_prefill(rows, &going, n) {
+            return rows.iter().map(|_| Err(e.replicate())).collect();
+        }
+        rows.iter_mut()
+            .zip(going)
+            .map(|((g, out), going)| {
+                if !going {
+                    return Ok(g.done(FinishReason::Stop));
+                }
+                g.prefilled += n;
+                out.progress(g.prefilled as f64, Some(g.prompt.len() as f64))?;
+                Ok(RunStep::Continue)
+            })
+            .collect()
+    }
+
+    fn forward_prefill(
+        rows: &mut [(&mut Generation, Output<'_>)],
+        going: &[bool],
+        n: usize,
+    ) -> Result<()> {
+        let mut chosen: Vec<&mut Generation> = rows
+            .iter_mut()
+            .zip(going)
+            .filter(|(_, &go)| go)
+            .map(|((g, _), _)| &mut **g)
+            .collect();
+        let Some(first) = chosen.first() else {
+            return Ok(());
+        };
+        let model = first.model.clone();
+        let tokens: Vec<u32> = chosen
+            .iter()
+            .flat_map(|g| g.prompt[g.prefilled..g.prefilled + n].iter().copied())
+            .collect();
+        let ids = Array::from_slice(&tokens, &[chosen.len() as i32, n as i32]);
+        let mut caches: Vec<&mut [LayerCache]> =
+            chosen.iter_mut().map(|g| g.caches.as_mut_slice()).collect();
+        model.hidden_rows(&ids, &mut caches)?;
+        eval(
+            chosen
+                .iter()
+                .flat_map(|g| g.caches.iter().flat_map(|c| c.state())),
+        )?;
+        mlx_rs::memory::clear_cache()?;
+        Ok(())
     }
 
     /// The prompt is processed up to its last token: the next unit is one token's forward (or
@@ -125,7 +218,8 @@ impl Generation {
 
     /// Groups batchable generations: those placed continuous, by model.
     pub fn batch_key(&self) -> Option<*const ()> {
-        self.continuous.then(|| Rc::as_ptr(&self.model) as *const ())
+        self.continuous
+            .then(|| Rc::as_ptr(&self.model) as *const ())
     }
 
     /// The token to forward next and its sampling step: the last prompt token first, then each
@@ -135,7 +229,10 @@ impl Generation {
             None => Ok(Some((ids(&self.prompt[self.prompt.len() - 1..]), 0))),
             Some(c) if self.generated + 1 < self.opts.max_tokens => {
                 self.sampler.push(&c.token)?;
-                Ok(Some((c.token.reshape(&[1, 1])?, u64::from(self.generated) + 1)))
+                Ok(Some((
+                    c.token.reshape(&[1, 1])?,
+                    u64::from(self.generated) + 1,
+                )))
             }
             Some(_) => Ok(None),
         }
@@ -146,7 +243,11 @@ impl Generation {
         let (token, logprobs) = self.sampler.sample(logits, step)?;
         let token = token.reshape(&[1])?;
         let logprobs = if self.opts.wants_logprobs() {
-            Some(PendingLogprobs::new(&logprobs, &token, self.opts.top_logprobs)?)
+            Some(PendingLogprobs::new(
+                &logprobs,
+                &token,
+                self.opts.top_logprobs,
+            )?)
         } else {
             None
         };
@@ -160,14 +261,21 @@ impl Generation {
             out.progress(total, Some(total))?;
             return Ok(RunStep::Continue);
         };
-        let id = current.token.try_item_exact::<u32>().map_err(|e| Error::Mlx(e.to_string()))?;
+        let id = current
+            .token
+            .try_item_exact::<u32>()
+            .map_err(|e| Error::Mlx(e.to_string()))?;
         if self.first_token.is_none() {
             self.first_token = Some(Instant::now());
         }
         if self.eos.contains(&id) {
             return Ok(self.done(FinishReason::Stop));
         }
-        let logprobs = current.logprobs.as_ref().map(PendingLogprobs::read).transpose()?;
+        let logprobs = current
+            .logprobs
+            .as_ref()
+            .map(PendingLogprobs::read)
+            .transpose()?;
         out.commit(&[id], logprobs.as_ref().map(std::slice::from_ref))?;
         self.generated += 1;
         if self.generated % CLEAR_CACHE_EVERY == 0 {
@@ -201,8 +309,7 @@ impl Generation {
             currents.push(current);
         }
         if let Err(e) = Self::forward_batch(rows, &inputs) {
-            let message = e.to_string();
-            return rows.iter().map(|_| Err(Error::Mlx(message.clone()))).collect();
+            return rows.iter().map(|_| Err(e.replicate())).collect();
         }
         rows.iter_mut()
             .zip(currents)
@@ -213,8 +320,13 @@ impl Generation {
 
     /// Forwards `inputs` (row index, token [1, 1], sampling step) as one batch and queues each
     /// row's next step.
-    fn forward_batch(rows: &mut [(&mut Generation, Output<'_>)], inputs: &[(usize, Array, u64)]) -> Result<()> {
-        let Some(&(first, ..)) = inputs.first() else { return Ok(()) };
+    fn forward_batch(
+        rows: &mut [(&mut Generation, Output<'_>)],
+        inputs: &[(usize, Array, u64)],
+    ) -> Result<()> {
+        let Some(&(first, ..)) = inputs.first() else {
+            return Ok(());
+        };
         let model = rows[first].0.model.clone();
         let batch = ops::concatenate(&inputs.iter().map(|(_, t, _)| t).collect::<Vec<_>>(), 0)?;
         let mut caches: Vec<&mut [LayerCache]> = Vec::with_capacity(inputs.len());
@@ -248,8 +360,16 @@ impl Generation {
             prompt_tokens,
             cached_tokens: 0,
             generated_tokens: self.generated,
-            prefill_tps: if prefill > 0.0 { prompt_tokens as f64 / prefill } else { 0.0 },
-            decode_tps: if decode > 0.0 { self.generated as f64 / decode } else { 0.0 },
+            prefill_tps: if prefill > 0.0 {
+                prompt_tokens as f64 / prefill
+            } else {
+                0.0
+            },
+            decode_tps: if decode > 0.0 {
+                self.generated as f64 / decode
+            } else {
+                0.0
+            },
             prefill_ms: prefill * 1e3,
             decode_ms: decode * 1e3,
             cache_tokens: self.caches.first().map_or(0, |c| c.offset() as u32),
@@ -268,6 +388,10 @@ impl MethodRun for Generation {
     }
 
     fn as_generation(&mut self) -> Option<&mut Generation> {
+        Some(self)
+    }
+
+    fn generation(&self) -> Option<&Generation> {
         Some(self)
     }
 

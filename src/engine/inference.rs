@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::method::Script;
-use super::plan::{resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements, Mechanism};
+use super::plan::{
+    resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements, Mechanism,
+};
 use super::session::{CancelReason, DeliveryLimits, OutputMode, Session, SessionHooks};
 use super::thread::{Engine, ModelId};
 use crate::error::{Error, Result};
@@ -24,6 +26,12 @@ pub struct EngineOptions {
     pub max_collect_tokens: u64,
     pub max_active: usize,
     pub max_queued: usize,
+    /// Tokens one scheduler iteration may process when new prompts prefill alongside running
+    /// rows (running rows' decode tokens come first).
+    pub max_iteration_tokens: usize,
+    /// Prompt tokens that prefill together when only new rows are preparing; short prompts
+    /// arriving together are admitted as one burst within it.
+    pub max_preparation_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -36,6 +44,8 @@ impl Default for EngineOptions {
             max_collect_tokens: 65_536,
             max_active: 8,
             max_queued: 64,
+            max_iteration_tokens: 512,
+            max_preparation_tokens: 2048,
         }
     }
 }
@@ -46,27 +56,40 @@ impl EngineOptions {
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {
         let mut o = EngineOptions::default();
         let Some(map) = v.as_object() else {
-            return if v.is_null() { Ok(o) } else { Err(Error::option("options", "must be an object")) };
+            return if v.is_null() {
+                Ok(o)
+            } else {
+                Err(Error::option("options", "must be an object"))
+            };
         };
         let get = |name: &'static str| -> Result<Option<u64>> {
             match map.get(name) {
                 None => Ok(None),
                 Some(x) => match x.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f >= 1.0 && f <= 9_007_199_254_740_991.0 => Ok(Some(f as u64)),
-                    _ => Err(Error::option(name, format!("must be a positive safe integer, got {x}"))),
+                    Some(f) if f.fract() == 0.0 && f >= 1.0 && f <= 9_007_199_254_740_991.0 => {
+                        Ok(Some(f as u64))
+                    }
+                    _ => Err(Error::option(
+                        name,
+                        format!("must be a positive safe integer, got {x}"),
+                    )),
                 },
             }
         };
         if let Some(ms) = get("idleTimeoutMs")? {
             o.idle_timeout = Some(Duration::from_millis(ms));
         }
-        let count = |name, default: usize| -> Result<usize> { Ok(get(name)?.map_or(default, |n| n as usize)) };
+        let count = |name, default: usize| -> Result<usize> {
+            Ok(get(name)?.map_or(default, |n| n as usize))
+        };
         o.max_queued_events = count("maxQueuedEvents", o.max_queued_events)?;
         o.max_queued_tokens = count("maxQueuedTokens", o.max_queued_tokens)?;
         o.max_top_logprobs = count("maxTopLogprobs", o.max_top_logprobs)?;
         o.max_collect_tokens = get("maxCollectTokens")?.unwrap_or(o.max_collect_tokens);
         o.max_active = count("maxActive", o.max_active)?;
         o.max_queued = count("maxQueued", o.max_queued)?;
+        o.max_iteration_tokens = count("maxIterationTokens", o.max_iteration_tokens)?;
+        o.max_preparation_tokens = count("maxPreparationTokens", o.max_preparation_tokens)?;
         Ok(o)
     }
 }
@@ -80,23 +103,31 @@ pub enum Source {
 
 /// One request, already tokenized and validated.
 pub enum MethodSpec {
-    /// `continuous`: placed in the model's continuous batch (`resolve_execution`), set by `open`.
-    Generate { model: ModelId, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool },
+    Generate {
+        model: ModelId,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+    },
     Script(Script),
 }
 
 /// Where a plain autoregressive request runs: mlx-bun 0.5's placement over what this engine
 /// can do (continuous batching of autoregressive rows; no paged KV, fill, grammar or media).
-fn continuous(opts: &GenerateOptions) -> bool {
+pub(super) fn placed_continuous(opts: &GenerateOptions) -> bool {
     let requirements = ExecutionRequirements {
-        has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
+        has_repetition_penalty: opts.sampling.repetition_penalty > 0.0
+            && opts.sampling.repetition_penalty != 1.0,
         user_seed: opts.sampling.seed != 0,
         has_logits_extras: !opts.sampling.logit_bias.is_empty(),
         wants_logprobs: opts.wants_logprobs(),
         ..Default::default()
     };
-    let capabilities = ExecutionCapabilities { continuous: true, ..Default::default() };
-    resolve_execution(&requirements, &capabilities, &ExecutionFeatures::default()).mechanism == Mechanism::Continuous
+    let capabilities = ExecutionCapabilities {
+        continuous: true,
+        ..Default::default()
+    };
+    resolve_execution(&requirements, &capabilities, &ExecutionFeatures::default()).mechanism
+        == Mechanism::Continuous
 }
 
 /// Sessions alive (not yet terminal) in the whole process.
@@ -115,6 +146,9 @@ pub struct InferenceEngine {
     running: AtomicUsize,
     reserved_collect: AtomicU64,
     sessions: Mutex<Vec<Weak<Session>>>,
+    /// Sessions opened but not yet received by the engine thread: the scheduler counts them as
+    /// queued, so a lone running row stops holding the thread as soon as one is opened.
+    arriving: AtomicUsize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +168,7 @@ impl InferenceEngine {
             running: AtomicUsize::new(0),
             reserved_collect: AtomicU64::new(0),
             sessions: Mutex::new(Vec::new()),
+            arriving: AtomicUsize::new(0),
         })
     }
 
@@ -151,17 +186,29 @@ impl InferenceEngine {
 
     /// Opens a session for a validated request. Stream sessions start on their first read.
     /// `cancelled`: the caller's abort signal had already fired, so nothing may run.
-    pub fn open(self: &Arc<Self>, mut spec: MethodSpec, mode: OutputMode, cancelled: bool) -> Result<Arc<Session>> {
+    pub fn open(
+        self: &Arc<Self>,
+        spec: MethodSpec,
+        mode: OutputMode,
+        cancelled: bool,
+    ) -> Result<Arc<Session>> {
         if self.is_closed() {
             return Err(Error::EngineClosed);
         }
-        if let (MethodSpec::Generate { prompt, opts, continuous: c, .. }, Source::Model { vocab_size, .. }) = (&mut spec, &self.source) {
+        if let (MethodSpec::Generate { prompt, opts, .. }, Source::Model { vocab_size, .. }) =
+            (&spec, &self.source)
+        {
             validate_prompt(prompt, *vocab_size)?;
             opts.validate(*vocab_size)?;
-            *c = continuous(opts);
         }
         let capacity = self.options.max_active + self.options.max_queued;
-        if self.live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < capacity).then_some(n + 1)).is_err() {
+        if self
+            .live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < capacity).then_some(n + 1)
+            })
+            .is_err()
+        {
             return Err(Error::AdmissionRejected(format!(
                 "{} sessions are open (maxActive {} + maxQueued {})",
                 capacity, self.options.max_active, self.options.max_queued
@@ -185,6 +232,7 @@ impl InferenceEngine {
         if cancelled {
             session.cancel(CancelReason::Requested);
         }
+        self.arriving.fetch_add(1, Ordering::AcqRel);
         Engine::get().open(self.clone(), session.clone(), spec);
         Ok(session)
     }
@@ -193,19 +241,36 @@ impl InferenceEngine {
     /// still alive, so callers can wait for their outcomes.
     pub fn close(&self) -> Vec<Arc<Session>> {
         self.closed.store(true, Ordering::Release);
-        let sessions: Vec<Arc<Session>> =
-            self.sessions.lock().unwrap_or_else(|e| e.into_inner()).drain(..).filter_map(|w| w.upgrade()).collect();
+        let sessions: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .collect();
         for s in &sessions {
             s.cancel(CancelReason::EngineClosed);
         }
         sessions
     }
 
+    /// Sessions on their way to the engine thread.
+    pub fn arriving(&self) -> usize {
+        self.arriving.load(Ordering::Acquire)
+    }
+
+    /// The engine thread has received (or will never receive) a session.
+    pub fn arrived(&self) {
+        self.arriving.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// An execution lease, if fewer than `max_active` sessions hold one.
     pub fn try_lease(self: &Arc<Self>) -> Option<Lease> {
         let max = self.options.max_active;
         self.running
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
             .ok()
             .map(|_| Lease(self.clone()))
     }
@@ -231,12 +296,41 @@ mod tests {
     #[test]
     fn options_default_and_reject_non_positive_integers() {
         let d = EngineOptions::from_json(&serde_json::json!({})).unwrap();
-        assert_eq!((d.max_queued_events, d.max_queued_tokens, d.max_top_logprobs, d.max_collect_tokens), (32, 256, 20, 65_536));
+        assert_eq!(
+            (
+                d.max_queued_events,
+                d.max_queued_tokens,
+                d.max_top_logprobs,
+                d.max_collect_tokens
+            ),
+            (32, 256, 20, 65_536)
+        );
         assert_eq!(d.idle_timeout, Some(Duration::from_secs(30)));
-        let o = EngineOptions::from_json(&serde_json::json!({"idleTimeoutMs": 5, "maxActive": 2})).unwrap();
-        assert_eq!((o.idle_timeout, o.max_active), (Some(Duration::from_millis(5)), 2));
-        for bad in [serde_json::json!(0), serde_json::json!(-1), serde_json::json!(1.5), serde_json::json!("x"), serde_json::json!(null), serde_json::json!(1e300)] {
-            for name in ["idleTimeoutMs", "maxQueuedEvents", "maxQueuedTokens", "maxTopLogprobs", "maxCollectTokens", "maxActive", "maxQueued"] {
+        let o = EngineOptions::from_json(&serde_json::json!({"idleTimeoutMs": 5, "maxActive": 2}))
+            .unwrap();
+        assert_eq!(
+            (o.idle_timeout, o.max_active),
+            (Some(Duration::from_millis(5)), 2)
+        );
+        for bad in [
+            serde_json::json!(0),
+            serde_json::json!(-1),
+            serde_json::json!(1.5),
+            serde_json::json!("x"),
+            serde_json::json!(null),
+            serde_json::json!(1e300),
+        ] {
+            for name in [
+                "idleTimeoutMs",
+                "maxQueuedEvents",
+                "maxQueuedTokens",
+                "maxTopLogprobs",
+                "maxCollectTokens",
+                "maxActive",
+                "maxQueued",
+                "maxIterationTokens",
+                "maxPreparationTokens",
+            ] {
                 let e = EngineOptions::from_json(&serde_json::json!({ name: bad })).unwrap_err();
                 assert_eq!(e.code(), "INVALID_OPTION");
                 assert!(e.to_string().starts_with(name), "{e}");

@@ -23,6 +23,9 @@ pub trait MethodRun {
     fn as_generation(&mut self) -> Option<&mut super::generate::Generation> {
         None
     }
+    fn generation(&self) -> Option<&super::generate::Generation> {
+        None
+    }
 }
 
 pub struct Plan {

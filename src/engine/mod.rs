@@ -3,13 +3,17 @@
 mod driver;
 pub mod events;
 mod generate;
+mod group;
 pub mod inference;
 pub mod method;
 pub mod plan;
 mod resources;
+mod scheduler;
 pub mod session;
+mod tasks;
 mod thread;
 
 pub use events::{FinishReason, GenerateStats};
 pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
-pub use thread::{batch_counts, Engine, ModelId};
+pub use group::batch_counts;
+pub use thread::{Engine, ModelId};

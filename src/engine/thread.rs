@@ -1,9 +1,9 @@
 //! The engine thread: one long-lived OS thread owns every model, KV cache and lazy graph, because
 //! MLX streams are per thread (a graph built on one thread cannot be evaluated on another, and
-//! every thread that touches MLX leaks a stream and a worker). Callers talk to it over a channel;
-//! it admits sessions, steps the runnable ones round-robin, one unit each, fires idle timers,
-//! and never waits on a consumer.
-use std::collections::HashMap;
+//! every thread that touches MLX leaks a stream and a worker). Callers talk to it over a channel.
+//! Each engine's sessions form a group that the scheduler policy drives; the thread ticks every
+//! group in turn (a tick ends where the policy yields), takes new commands between ticks, fires
+//! idle timers, sleeps when no group has work, and never waits on a consumer.
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -13,10 +13,13 @@ use std::time::Instant;
 use mlx_rs::Array;
 use tokio::sync::oneshot;
 
-use super::driver::{Advanced, Driver};
-use super::generate::Generation;
+use super::driver::Driver;
+pub use super::group::ModelId;
+use super::group::{Group, Models};
 use super::inference::{InferenceEngine, MethodSpec};
+use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
+use super::tasks::ExecutionTasks;
 use crate::error::{Error, Result};
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
@@ -24,17 +27,27 @@ use crate::model::weights::Weights;
 use crate::model::{create_model, LanguageModel};
 use crate::sample::validate_prompt;
 
-pub type ModelId = u64;
-
 enum Command {
-    Load { weights: Weights, config: ModelConfig, reply: oneshot::Sender<Result<ModelId>> },
+    Load {
+        weights: Weights,
+        config: ModelConfig,
+        reply: oneshot::Sender<Result<ModelId>>,
+    },
     Unload(ModelId),
-    Open { engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec },
+    Open {
+        engine: Arc<InferenceEngine>,
+        session: Arc<Session>,
+        spec: MethodSpec,
+    },
     /// A session started, was unblocked or cancelled.
     Wake,
-    Logits { model: ModelId, prompt: Vec<u32>, reply: oneshot::Sender<Result<Vec<f32>>> },
-    /// Arbitrary MLX work that is not a model (conversion, benchmarks).
-    Run(Box<dyn FnOnce() + Send>),
+    Logits {
+        model: ModelId,
+        prompt: Vec<u32>,
+        reply: oneshot::Sender<Result<Vec<f32>>>,
+    },
+    /// Arbitrary MLX work that is not a model (conversion, benchmarks), queued as a task.
+    Run(Box<dyn FnOnce(&mut ExecutionTasks) + Send>),
 }
 
 /// Cloneable handle to the process-wide engine thread.
@@ -62,9 +75,17 @@ impl Engine {
         self.tx.send(cmd).map_err(|_| Error::EngineClosed)
     }
 
-    pub fn load(&self, weights: Weights, config: ModelConfig) -> oneshot::Receiver<Result<ModelId>> {
+    pub fn load(
+        &self,
+        weights: Weights,
+        config: ModelConfig,
+    ) -> oneshot::Receiver<Result<ModelId>> {
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Command::Load { weights, config, reply }) {
+        if let Err(e) = self.send(Command::Load {
+            weights,
+            config,
+            reply,
+        }) {
             let (tx, rx2) = oneshot::channel();
             let _ = tx.send(Err(e));
             return rx2;
@@ -78,7 +99,12 @@ impl Engine {
 
     /// Hands a new session to the engine thread.
     pub fn open(&self, engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec) {
-        if let Err(e) = self.send(Command::Open { engine, session: session.clone(), spec }) {
+        if let Err(e) = self.send(Command::Open {
+            engine: engine.clone(),
+            session: session.clone(),
+            spec,
+        }) {
+            engine.arrived();
             session.finish(Err(e), Ok(()), None);
         }
     }
@@ -88,10 +114,20 @@ impl Engine {
     }
 
     /// Runs `work` on the engine thread (where all MLX work belongs) and returns its result.
-    pub fn run<T: Send + 'static>(&self, work: impl FnOnce() -> Result<T> + Send + 'static) -> oneshot::Receiver<Result<T>> {
+    pub fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> oneshot::Receiver<Result<T>> {
         let (reply, rx) = oneshot::channel();
-        let job = Box::new(move || {
-            let _ = reply.send(work());
+        let job = Box::new(move |tasks: &mut ExecutionTasks| {
+            tasks.enqueue(
+                move || {
+                    let result = work();
+                    warm_up();
+                    result
+                },
+                reply,
+            )
         });
         if self.send(Command::Run(job)).is_err() {
             let (tx, rx2) = oneshot::channel();
@@ -104,7 +140,11 @@ impl Engine {
     /// Logits of the last prompt position from one full forward on a fresh cache (for parity checks).
     pub fn logits(&self, model: ModelId, prompt: Vec<u32>) -> oneshot::Receiver<Result<Vec<f32>>> {
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Command::Logits { model, prompt, reply }) {
+        if let Err(e) = self.send(Command::Logits {
+            model,
+            prompt,
+            reply,
+        }) {
             let (tx, rx2) = oneshot::channel();
             let _ = tx.send(Err(e));
             return rx2;
@@ -115,51 +155,63 @@ impl Engine {
 
 struct EngineLoop {
     rx: Receiver<Command>,
-    models: HashMap<ModelId, Rc<dyn LanguageModel>>,
-    /// Sessions in the order they were opened (admission is FIFO over it).
-    drivers: Vec<Driver>,
-    /// Round-robin position among the drivers.
-    cursor: usize,
-    warmed: bool,
+    models: Models,
+    /// The thread's own group (tasks only) first, then one per engine that has sessions.
+    groups: Vec<(Scheduler, Group)>,
+    clock: ThreadClock,
 }
 
 static NEXT_MODEL: AtomicU64 = AtomicU64::new(1);
-static BATCHED_STEPS: AtomicU64 = AtomicU64::new(0);
-static BATCHED_ROWS: AtomicU64 = AtomicU64::new(0);
 
-/// Batched decode steps run so far, and the rows they advanced (for tests and benchmarks).
-pub fn batch_counts() -> (u64, u64) {
-    (BATCHED_STEPS.load(Ordering::Relaxed), BATCHED_ROWS.load(Ordering::Relaxed))
+struct ThreadClock(Instant);
+
+impl Clock for ThreadClock {
+    fn now(&self) -> f64 {
+        self.0.elapsed().as_secs_f64() * 1e3
+    }
 }
 
 impl EngineLoop {
     fn new(rx: Receiver<Command>) -> Self {
-        EngineLoop { rx, models: HashMap::new(), drivers: Vec::new(), cursor: 0, warmed: false }
+        let models = Models::default();
+        let system = (Scheduler::new(false), Group::new(None, models.clone()));
+        EngineLoop {
+            rx,
+            models,
+            groups: vec![system],
+            clock: ThreadClock(Instant::now()),
+        }
     }
 
     fn run(mut self) {
         loop {
-            let cmd = match self.rx.try_recv() {
-                Ok(c) => Some(c),
-                Err(TryRecvError::Disconnected) => return,
-                Err(TryRecvError::Empty) => None,
-            };
-            let Some(_gate) = gate::enter() else { self.park() };
-            if let Some(c) = cmd {
-                self.handle(c);
-                gate::set_in_flight(true);
-                continue;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(c) => self.handle(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             }
-            if self.step() {
+            let Some(_gate) = gate::enter() else {
+                self.park()
+            };
+            if self.tick() {
                 gate::set_in_flight(true);
                 continue;
             }
             drop(_gate);
-            // Nothing runnable: go idle until a command arrives or an idle timer runs out.
+            // No group has work: go idle until a command arrives or an idle timer runs out.
             self.settle();
-            let deadline = self.drivers.iter().filter_map(|d| d.session.idle_deadline()).min();
+            let deadline = self
+                .groups
+                .iter()
+                .filter_map(|(_, g)| g.idle_deadline())
+                .min();
             let cmd = match deadline {
-                Some(d) => match self.rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Some(d) => match self
+                    .rx
+                    .recv_timeout(d.saturating_duration_since(Instant::now()))
+                {
                     Ok(c) => Some(c),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return,
@@ -169,17 +221,43 @@ impl EngineLoop {
                     Err(_) => return,
                 },
             };
-            let Some(_gate) = gate::enter() else { self.park() };
             if let Some(c) = cmd {
                 self.handle(c);
             }
         }
     }
 
+    /// Ticks every group once. Returns whether any ran something. Engine groups that have
+    /// closed, or gone idle with no sessions left, are dropped (a new session makes a new one).
+    fn tick(&mut self) -> bool {
+        let mut worked = false;
+        let mut i = 0;
+        while i < self.groups.len() {
+            let (scheduler, group) = &mut self.groups[i];
+            group.worked = false;
+            let tick = scheduler.tick(group, &self.clock);
+            worked |= group.worked;
+            let gone = group.engine.is_some()
+                && match tick {
+                    Tick::Closed => true,
+                    Tick::Idle => group.drivers.is_empty() && group.tasks.pending() == 0,
+                    Tick::Yield => false,
+                };
+            if gone {
+                self.groups.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        worked
+    }
+
     /// Waits for evaluations still running on this thread's stream before going idle, so an exit
     /// while idle has nothing to wait for.
     fn settle(&mut self) {
-        let Some(_gate) = gate::enter() else { self.park() };
+        let Some(_gate) = gate::enter() else {
+            self.park()
+        };
         synchronize();
         gate::set_in_flight(false);
     }
@@ -191,117 +269,81 @@ impl EngineLoop {
     }
 
     fn handle(&mut self, cmd: Command) {
+        let Some(_gate) = gate::enter() else {
+            self.park()
+        };
+        let system = &mut self.groups[0].1;
         match cmd {
-            Command::Load { weights, config, reply } => {
-                let result = create_model(&weights, config).map(|m| {
+            Command::Load {
+                weights,
+                config,
+                reply,
+            } => {
+                let models = self.models.clone();
+                let load = move || {
+                    let model = create_model(&weights, config)?;
+                    drop(weights);
                     let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-                    self.models.insert(id, Rc::from(m));
-                    id
-                });
-                drop(weights);
-                if result.is_ok() {
-                    self.warm_up();
-                }
-                let _ = reply.send(result);
+                    models.borrow_mut().insert(id, Rc::from(model));
+                    warm_up();
+                    Ok(id)
+                };
+                system.tasks.enqueue(load, reply);
             }
             Command::Unload(id) => {
-                self.models.remove(&id);
+                self.models.borrow_mut().remove(&id);
             }
-            Command::Open { engine, session, spec } => self.drivers.push(Driver::new(engine, session, spec)),
-            Command::Wake => {}
-            Command::Logits { model, prompt, reply } => {
-                let _ = reply.send(self.model(model).and_then(|m| last_logits(&*m, &prompt)));
-            }
-            Command::Run(work) => {
-                work();
-                self.warm_up();
-            }
-        }
-    }
-
-    /// Fires idle timers, admits waiting sessions, then gives one unit of work to the next
-    /// runnable session after the last one served. Returns whether anything happened.
-    fn step(&mut self) -> bool {
-        let now = Instant::now();
-        for d in &self.drivers {
-            d.session.check_idle(now);
-        }
-        for d in &mut self.drivers {
-            d.admit();
-        }
-        let n = self.drivers.len();
-        for k in 0..n {
-            let i = (self.cursor + k) % n;
-            if let Some(key) = self.drivers[i].batch_key() {
-                // Every session whose next unit is a decode step of the same model joins.
-                let members: Vec<usize> = (0..n).map(|k| (i + k) % n).filter(|&j| j == i || self.drivers[j].batch_key() == Some(key)).collect();
-                if members.len() > 1 {
-                    self.step_batch(&members);
-                    // Past the last member, so sessions still prefilling get the next turn.
-                    self.cursor = members.last().map_or(i, |&j| j) + 1;
-                    return true;
+            Command::Open {
+                engine,
+                session,
+                spec,
+            } => {
+                engine.arrived();
+                let driver = Driver::new(engine.clone(), session, spec);
+                match self
+                    .groups
+                    .iter_mut()
+                    .find(|(_, g)| g.engine.as_ref().is_some_and(|e| Arc::ptr_eq(e, &engine)))
+                {
+                    Some((_, g)) => g.drivers.push(driver),
+                    None => {
+                        let mut g = Group::new(Some(engine), self.models.clone());
+                        g.drivers.push(driver);
+                        self.groups.push((Scheduler::new(false), g));
+                    }
                 }
             }
-            let models = &self.models;
-            let model = |id: ModelId| models.get(&id).cloned().ok_or(Error::ModelDisposed);
-            match self.drivers[i].advance(&model) {
-                Advanced::Idle => continue,
-                Advanced::Worked => {}
-                Advanced::Terminal => self.remove(&[i]),
+            Command::Wake => {}
+            Command::Logits {
+                model,
+                prompt,
+                reply,
+            } => {
+                let models = self.models.clone();
+                let logits = move || {
+                    let model = models
+                        .borrow()
+                        .get(&model)
+                        .cloned()
+                        .ok_or(Error::ModelDisposed)?;
+                    last_logits(&*model, &prompt)
+                };
+                system.tasks.enqueue(logits, reply);
             }
-            self.cursor = i + 1;
-            return true;
+            Command::Run(enqueue) => enqueue(&mut system.tasks),
         }
-        false
     }
+}
 
-    /// One decode step of `members` (indices of drivers) in one graph.
-    fn step_batch(&mut self, members: &[usize]) {
-        BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
-        BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
-        let mut sorted = members.to_vec();
-        sorted.sort_unstable();
-        let mut drivers: Vec<&mut Driver> =
-            self.drivers.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, d)| d).collect();
-        let results = {
-            let mut rows: Vec<_> = drivers.iter_mut().map(|d| d.batch_parts().expect("batch members are generations")).collect();
-            Generation::step_batch(&mut rows)
-        };
-        let mut ended = Vec::new();
-        for ((d, result), &j) in drivers.iter_mut().zip(results).zip(&sorted) {
-            if d.conclude(result) == Advanced::Terminal {
-                ended.push(j);
-            }
-        }
-        self.remove(&ended);
-    }
-
-    /// Drops the drivers at `indices`, whose sessions have ended.
-    fn remove(&mut self, indices: &[usize]) {
-        let mut sorted = indices.to_vec();
-        sorted.sort_unstable();
-        for &i in sorted.iter().rev() {
-            self.drivers.remove(i);
-        }
-        if self.drivers.is_empty() {
-            mlx_rs::memory::clear_cache().ok();
-        }
-    }
-
-    fn model(&self, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
-        self.models.get(&id).cloned().ok_or(Error::ModelDisposed)
-    }
-
-    /// After MLX has run once on this thread, its lazily built statics exist; registering the
-    /// exit hook now makes it run before their destructors.
-    fn warm_up(&mut self) {
-        if !self.warmed {
-            let a = Array::from_slice(&[1.0f32], &[1]);
-            let _ = a.add(&a).and_then(|b| b.eval());
-            gate::close_at_process_exit();
-            self.warmed = true;
-        }
-    }
+/// After MLX has run once on this thread, its lazily built statics exist; registering the exit
+/// hook now makes it run before their destructors. Called by the thread's first tasks.
+fn warm_up() {
+    static WARMED: std::sync::Once = std::sync::Once::new();
+    WARMED.call_once(|| {
+        let a = Array::from_slice(&[1.0f32], &[1]);
+        let _ = a.add(&a).and_then(|b| b.eval());
+        gate::close_at_process_exit();
+    });
 }
 
 /// Blocks until everything queued on this thread's MLX stream has been evaluated.

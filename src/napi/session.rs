@@ -78,13 +78,22 @@ pub struct BatchCountsJs {
     pub steps: f64,
     /// Session steps taken inside them.
     pub rows: f64,
+    /// Prefill chunks that advanced several sessions in one graph.
+    pub prefill_steps: f64,
+    /// Session chunks taken inside them.
+    pub prefill_rows: f64,
 }
 
 /// How much decoding ran batched, across every engine since the process started.
 #[napi]
 pub fn batch_counts_native() -> BatchCountsJs {
-    let (steps, rows) = batch_counts();
-    BatchCountsJs { steps: steps as f64, rows: rows as f64 }
+    let c = batch_counts();
+    BatchCountsJs {
+        steps: c.decode_steps as f64,
+        rows: c.decode_rows as f64,
+        prefill_steps: c.prefill_steps as f64,
+        prefill_rows: c.prefill_rows as f64,
+    }
 }
 
 #[napi(object)]
@@ -118,7 +127,7 @@ impl NativeEngine {
             }
             _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
         };
-        Ok(MethodSpec::Generate { model: *id, prompt, opts, continuous: true })
+        Ok(MethodSpec::Generate { model: *id, prompt, opts })
     }
 }
 

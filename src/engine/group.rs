@@ -1,0 +1,349 @@
+//! The sessions of one engine as the scheduler sees them ([`ExecutionGroup`]), and the mechanism
+//! behind each unit the policy picks: admission takes a lease, preparation creates runs and
+//! prefills prompts (rows of one model in one batched forward), a decode unit steps every
+//! running row (rows of one model in one batched forward), tasks run the thread's non-row work.
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::driver::{Driver, Phase};
+use super::generate::Generation;
+use super::inference::InferenceEngine;
+use super::method::Step;
+use super::resources::Release;
+use super::scheduler::{ExecutionGroup, MixedPreparation};
+use super::session::Output;
+use super::tasks::ExecutionTasks;
+use crate::error::{Error, Result};
+use crate::model::LanguageModel;
+
+pub type ModelId = u64;
+pub type Models = Rc<RefCell<HashMap<ModelId, Rc<dyn LanguageModel>>>>;
+
+static BATCHED_STEPS: AtomicU64 = AtomicU64::new(0);
+static BATCHED_ROWS: AtomicU64 = AtomicU64::new(0);
+static BATCHED_PREFILLS: AtomicU64 = AtomicU64::new(0);
+static PREFILL_ROWS: AtomicU64 = AtomicU64::new(0);
+
+/// Units that advanced several sessions in one graph since the process started (for tests and
+/// benchmarks).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchCounts {
+    pub decode_steps: u64,
+    pub decode_rows: u64,
+    pub prefill_steps: u64,
+    pub prefill_rows: u64,
+}
+
+pub fn batch_counts() -> BatchCounts {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    BatchCounts {
+        decode_steps: get(&BATCHED_STEPS),
+        decode_rows: get(&BATCHED_ROWS),
+        prefill_steps: get(&BATCHED_PREFILLS),
+        prefill_rows: get(&PREFILL_ROWS),
+    }
+}
+
+pub struct Group {
+    /// `None`: the thread's own group, which only runs tasks.
+    pub engine: Option<Arc<InferenceEngine>>,
+    models: Models,
+    /// In the order they were opened: admission is FIFO.
+    pub drivers: Vec<Driver>,
+    pub tasks: ExecutionTasks,
+    /// Whether the last tick ran anything (the thread sleeps when no group did).
+    pub worked: bool,
+}
+
+impl Group {
+    pub fn new(engine: Option<Arc<InferenceEngine>>, models: Models) -> Self {
+        Group {
+            engine,
+            models,
+            drivers: Vec::new(),
+            tasks: ExecutionTasks::default(),
+            worked: false,
+        }
+    }
+
+    fn count(&self, phase: Phase) -> usize {
+        self.drivers.iter().filter(|d| d.phase() == phase).count()
+    }
+
+    /// Gives one unit of its own work to each driver `pick` selects (by index); returns how many.
+    fn step_each(&mut self, pick: impl Fn(usize, &Driver) -> bool) -> usize {
+        let models = self.models.clone();
+        let model = move |id: ModelId| models.borrow().get(&id).cloned().ok_or(Error::ModelDisposed);
+        let mut stepped = 0;
+        for (i, d) in self.drivers.iter_mut().enumerate() {
+            if pick(i, d) {
+                d.step(&model);
+                stepped += 1;
+            }
+        }
+        stepped
+    }
+
+    /// Creates the runs of newly admitted rows, then prefills one chunk of each preparing row
+    /// within `budget` prompt tokens. Continuous rows of one model prefill together, each by the
+    /// same number of tokens (the least any of them has left), so no padding is needed.
+    fn prepare(&mut self, budget: usize) {
+        let created = self.step_each(|_, d| d.phase() == Phase::Preparing && d.runnable() && d.generation().is_none()) > 0;
+        let mut left = budget.max(1);
+        let mut groups: Vec<(Option<*const ()>, Vec<usize>)> = Vec::new();
+        for (i, d) in self.drivers.iter().enumerate() {
+            let Some(g) = d
+                .generation()
+                .filter(|_| d.phase() == Phase::Preparing && d.runnable())
+            else {
+                continue;
+            };
+            match g
+                .batch_key()
+                .and_then(|k| groups.iter_mut().find(|(key, _)| *key == Some(k)))
+            {
+                Some((_, rows)) => rows.push(i),
+                None => groups.push((g.batch_key(), vec![i])),
+            }
+        }
+        let mut prefilled = false;
+        for (_, rows) in groups {
+            if left == 0 {
+                break;
+            }
+            let k = rows.len();
+            let per_row = rows
+                .iter()
+                .map(|&i| {
+                    self.drivers[i]
+                        .generation()
+                        .map_or(0, |g| g.prefill_left().min(g.prefill_chunk_size()))
+                })
+                .min()
+                .unwrap_or(0);
+            let n = per_row.min((left / k).max(1));
+            left = left.saturating_sub(n * k);
+            prefilled = true;
+            if k == 1 {
+                let d = &mut self.drivers[rows[0]];
+                let step = d
+                    .batch_parts()
+                    .map(|(g, mut out)| g.prefill(&mut out, n))
+                    .expect("a preparing generation");
+                d.conclude(step);
+                continue;
+            }
+            BATCHED_PREFILLS.fetch_add(1, Ordering::Relaxed);
+            PREFILL_ROWS.fetch_add(k as u64, Ordering::Relaxed);
+            self.run_batch(&rows, |parts| Generation::prefill_batch(parts, n));
+        }
+        self.worked |= created || prefilled;
+        self.drivers.retain(|d| !d.settled());
+    }
+
+    /// One decode unit: every running continuous row of a model in one batched step, then each
+    /// other running row (serial placements, scripted methods) one step alone. Returns whether
+    /// any row advanced.
+    fn decode(&mut self) -> usize {
+        let n = self.drivers.len();
+        let keys: Vec<Option<*const ()>> = self
+            .drivers
+            .iter_mut()
+            .map(|d| {
+                if d.phase() == Phase::Active {
+                    d.batch_key()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut batched = vec![false; n];
+        let mut rows = 0;
+        for i in 0..n {
+            let Some(key) = keys[i].filter(|_| !batched[i]) else {
+                continue;
+            };
+            let members: Vec<usize> = (i..n).filter(|&j| keys[j] == Some(key)).collect();
+            if members.len() < 2 {
+                continue;
+            }
+            for &j in &members {
+                batched[j] = true;
+            }
+            rows += members.len();
+            self.step_batch(&members);
+        }
+        let alone = self.step_each(|i, d| !batched[i] && d.phase() == Phase::Active && d.runnable());
+        self.drivers.retain(|d| !d.settled());
+        self.worked |= rows + alone > 0;
+        rows + alone
+    }
+
+    /// One decode step of `members` (indices of drivers, ascending) in one graph.
+    fn step_batch(&mut self, members: &[usize]) {
+        BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
+        BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
+        self.run_batch(members, Generation::step_batch);
+    }
+
+    /// Runs one batched unit over the generations of `members` (indices of drivers, ascending)
+    /// and concludes each row with its own result.
+    fn run_batch(&mut self, members: &[usize], unit: impl FnOnce(&mut [(&mut Generation, Output<'_>)]) -> Vec<Result<Step>>) {
+        let mut picked: Vec<&mut Driver> =
+            self.drivers.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, d)| d).collect();
+        let results = {
+            let mut parts: Vec<_> = picked.iter_mut().map(|d| d.batch_parts().expect("batch members are generations")).collect();
+            unit(&mut parts)
+        };
+        for (d, result) in picked.iter_mut().zip(results) {
+            d.conclude(result);
+        }
+    }
+
+    /// Fails the rows `pick` selects, each with its own copy of `error`. Rows that have already
+    /// ended, or were cancelled, settle as such instead.
+    fn fail(&mut self, pick: impl Fn(&Driver) -> bool, error: &Error) {
+        for d in self.drivers.iter_mut().filter(|d| pick(d)) {
+            if !d.housekeep() {
+                d.settle(Err(error.replicate()));
+            }
+        }
+        self.drivers.retain(|d| !d.settled());
+    }
+
+    /// When the nearest idle timer of these sessions runs out.
+    pub fn idle_deadline(&self) -> Option<Instant> {
+        self.drivers
+            .iter()
+            .filter_map(|d| d.session.idle_deadline())
+            .min()
+    }
+}
+
+impl ExecutionGroup for Group {
+    fn active(&self) -> usize {
+        self.count(Phase::Active)
+    }
+    fn queued(&self) -> usize {
+        self.count(Phase::Queued) + self.engine.as_ref().map_or(0, |e| e.arriving())
+    }
+    fn preparing(&self) -> bool {
+        self.drivers.iter().any(|d| d.phase() == Phase::Preparing)
+    }
+    fn max_active(&self) -> usize {
+        self.engine.as_ref().map_or(0, |e| e.options.max_active)
+    }
+    /// Nothing mutates a model exclusively yet (no adapters, no prefix-cache rebuilds).
+    fn admission_held(&self) -> bool {
+        false
+    }
+    fn closed(&self) -> bool {
+        self.engine.as_ref().is_some_and(|e| e.is_closed())
+    }
+    fn pending_tasks(&self) -> usize {
+        self.tasks.pending()
+    }
+    fn preparing_rows(&self) -> usize {
+        self.count(Phase::Preparing)
+    }
+    fn can_prepare_more(&self) -> bool {
+        true
+    }
+    fn preparing_tokens(&self) -> usize {
+        self.drivers
+            .iter()
+            .filter(|d| d.phase() == Phase::Preparing)
+            .map(Driver::preparation_tokens)
+            .sum()
+    }
+    fn next_preparation_tokens(&self) -> usize {
+        self.drivers
+            .iter()
+            .find(|d| d.phase() == Phase::Queued)
+            .map_or(0, Driver::preparation_tokens)
+    }
+    fn max_preparation_tokens(&self) -> usize {
+        self.engine
+            .as_ref()
+            .map_or(0, |e| e.options.max_preparation_tokens)
+    }
+    /// Preparation publishes progress events only, and a consumer sees each as soon as it is
+    /// queued: there is nothing to flush by yielding.
+    fn preparation_published_output(&self) -> bool {
+        false
+    }
+    fn mixed_preparation(&self) -> Option<MixedPreparation> {
+        let running_tokens = self
+            .drivers
+            .iter()
+            .filter(|d| d.phase() == Phase::Active && d.runnable())
+            .count();
+        Some(MixedPreparation {
+            running_tokens,
+            minimum_preparation_tokens: 1,
+        })
+    }
+    fn max_iteration_tokens(&self) -> usize {
+        self.engine
+            .as_ref()
+            .map_or(0, |e| e.options.max_iteration_tokens)
+    }
+
+    fn prune_cancelled(&mut self) {
+        let now = Instant::now();
+        for d in &self.drivers {
+            d.session.check_idle(now);
+            d.touch();
+        }
+        self.drivers.retain_mut(|d| !d.housekeep());
+        self.tasks.prune();
+    }
+    fn admit_next(&mut self) -> bool {
+        self.drivers
+            .iter_mut()
+            .find(|d| d.phase() == Phase::Queued)
+            .is_some_and(Driver::admit)
+    }
+    /// The next queued prompt fits one iteration's token budget.
+    fn can_burst(&self) -> bool {
+        self.count(Phase::Queued) > 0
+            && self.next_preparation_tokens() <= self.max_iteration_tokens()
+    }
+    fn advance_task(&mut self) {
+        self.tasks.advance();
+        self.worked = true;
+    }
+    fn advance_preparation(&mut self) -> Result<()> {
+        let budget = self.max_preparation_tokens();
+        self.prepare(budget);
+        Ok(())
+    }
+    /// The running rows' decode step first, then prompt work in what is left of `budget`.
+    fn advance_mixed(&mut self, budget: usize) -> Result<()> {
+        let running = self.decode();
+        self.prepare(budget.saturating_sub(running));
+        Ok(())
+    }
+    fn advance(&mut self) -> Result<bool> {
+        Ok(self.decode() > 0)
+    }
+    fn fail_active(&mut self, error: Error) {
+        self.fail(|d| d.phase() == Phase::Active, &error);
+    }
+    fn fail_all(&mut self, error: Error) {
+        self.fail(|_| true, &error);
+        self.tasks.reject_all(|| error.replicate());
+    }
+    /// The group's share of MLX's buffer cache: returned to the system when it goes idle.
+    fn reserve_residency(&mut self) -> Release<'static> {
+        Box::new(|| mlx_rs::memory::clear_cache().map_err(|e| Error::Mlx(e.to_string())))
+    }
+    /// The engine thread runs one unit at a time: holding it is the execution lease.
+    fn acquire_execution(&mut self) -> Option<Release<'static>> {
+        None
+    }
+}

@@ -1,0 +1,150 @@
+//! Work that needs the engine thread between units without owning a decode row (mlx-bun 0.5's
+//! `ExecutionTasks`): model loads, parity logits, conversions. The scheduler runs one per
+//! iteration. A task is cancelled by dropping its receiver: while pending it is then removed
+//! without running; once started it runs to the end, so its caller never sees half-done work.
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+
+trait Pending {
+    fn run(self: Box<Self>);
+    fn cancelled(&self) -> bool;
+    fn reject(self: Box<Self>, error: Error);
+}
+
+struct Task<T, F> {
+    work: F,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F: FnOnce() -> Result<T>> Pending for Task<T, F> {
+    fn run(self: Box<Self>) {
+        let _ = self.reply.send((self.work)());
+    }
+
+    fn cancelled(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn reject(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+#[derive(Default)]
+pub struct ExecutionTasks {
+    pending: VecDeque<Box<dyn Pending>>,
+}
+
+impl ExecutionTasks {
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Queues `work`; its result goes to `reply`. A caller that has already stopped waiting
+    /// queues nothing.
+    pub fn enqueue<T: 'static>(
+        &mut self,
+        work: impl FnOnce() -> Result<T> + 'static,
+        reply: oneshot::Sender<Result<T>>,
+    ) {
+        if !reply.is_closed() {
+            self.pending.push_back(Box::new(Task { work, reply }));
+        }
+    }
+
+    /// Drops the pending tasks whose callers stopped waiting.
+    pub fn prune(&mut self) {
+        self.pending.retain(|t| !t.cancelled());
+    }
+
+    /// Runs the oldest pending task.
+    pub fn advance(&mut self) {
+        if let Some(task) = self.pending.pop_front() {
+            task.run();
+        }
+    }
+
+    /// Fails every pending task with a copy of `error`.
+    pub fn reject_all(&mut self, error: impl Fn() -> Error) {
+        for task in self.pending.drain(..) {
+            task.reject(error());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    #[test]
+    fn tasks_run_one_at_a_time_in_order() {
+        let ran = Rc::new(RefCell::new(Vec::new()));
+        let mut tasks = ExecutionTasks::default();
+        let mut replies = Vec::new();
+        for name in ["a", "b"] {
+            let (tx, rx) = oneshot::channel();
+            let ran = ran.clone();
+            tasks.enqueue(
+                move || {
+                    ran.borrow_mut().push(name);
+                    Ok(name.len())
+                },
+                tx,
+            );
+            replies.push(rx);
+        }
+        assert_eq!(tasks.pending(), 2);
+        tasks.advance();
+        assert_eq!(*ran.borrow(), ["a"]);
+        assert_eq!(replies[0].try_recv().unwrap().unwrap(), 1);
+        assert!(replies[1].try_recv().is_err(), "the second has not run");
+        tasks.advance();
+        assert_eq!(*ran.borrow(), ["a", "b"]);
+        assert_eq!(tasks.pending(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_task_is_removed_while_pending_and_never_runs() {
+        let ran = Rc::new(RefCell::new(0));
+        let mut tasks = ExecutionTasks::default();
+        // Already cancelled when queued.
+        let (tx, rx) = oneshot::channel::<Result<()>>();
+        drop(rx);
+        tasks.enqueue(|| Ok(()), tx);
+        assert_eq!(tasks.pending(), 0);
+        // Cancelled while pending.
+        let (tx, rx) = oneshot::channel();
+        let r = ran.clone();
+        tasks.enqueue(move || Ok(*r.borrow_mut() += 1), tx);
+        let (tx2, mut rx2) = oneshot::channel();
+        tasks.enqueue(|| Ok(7), tx2);
+        drop(rx);
+        tasks.prune();
+        assert_eq!(tasks.pending(), 1);
+        tasks.advance();
+        assert_eq!(*ran.borrow(), 0);
+        assert_eq!(rx2.try_recv().unwrap().unwrap(), 7);
+    }
+
+    #[test]
+    fn reject_all_fails_every_pending_task() {
+        let mut tasks = ExecutionTasks::default();
+        let mut rxs = Vec::new();
+        for _ in 0..3 {
+            let (tx, rx) = oneshot::channel::<Result<()>>();
+            tasks.enqueue(|| Ok(()), tx);
+            rxs.push(rx);
+        }
+        tasks.reject_all(|| Error::EngineClosed);
+        assert_eq!(tasks.pending(), 0);
+        for mut rx in rxs {
+            assert_eq!(rx.try_recv().unwrap().unwrap_err().code(), "ENGINE_CLOSED");
+        }
+    }
+}
