@@ -1122,6 +1122,13 @@ describe('sessions over a tiny random llama', () => {
     if (engine) await within(engine.close(), 'engine.close()')
     model?.dispose()
   })
+  test('messages on a model without a tokenizer fail with the loader\'s own code, every time', () => {
+    const request = { messages: [{ role: 'user', content: 'hi' }], maxTokens: 2 }
+    for (let i = 0; i < 2; i++) {
+      assert.throws(() => engine.open(request), (e) => e.code === 'TOKENIZER_ERROR' && /tokenizer\.json/.test(e.message))
+    }
+  })
+
 
   test('collect: output equals the tokens of generate; metrics describe the run', { timeout: 30_000 }, async () => {
     const o = await outcomeOf(engine.open({ promptTokens: PROMPT, ...OPTS }, { output: 'collect' }))

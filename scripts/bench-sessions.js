@@ -13,13 +13,8 @@ const { execFileSync } = require('node:child_process')
 const path = require('node:path')
 const mlx = require('..')
 
-const args = process.argv.slice(2)
-const arg = (name, fallback) => {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 ? args[i + 1] : fallback
-}
+const { arg, runtime } = require('./args')
 const N = Number(arg('tokens', 200000))
-const runtime = typeof Bun !== 'undefined' ? `bun ${Bun.version}` : `node ${process.version}`
 
 async function timeMode(output) {
   const engine = mlx.testing.createScriptedEngine({ steps: [{ commit: [7], repeat: N }] }, { maxCollectTokens: N })

@@ -15,7 +15,7 @@ use super::inference::InferenceEngine;
 use super::method::Step;
 use super::resources::Release;
 use super::scheduler::{ExecutionGroup, MixedPreparation};
-use super::session::Output;
+use super::session::{CancelReason, Output};
 use super::tasks::ExecutionTasks;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -322,10 +322,13 @@ impl ExecutionGroup for Group {
         self.prepare(budget);
         Ok(())
     }
-    /// The running rows' decode step first, then prompt work in what is left of `budget`.
+    /// Prompt work in what `budget` leaves after the running rows' tokens, then one decode step
+    /// of every running row. Prefilling first lets a row whose prompt completes take its first
+    /// decode step in the same unit, one batched step sooner than after the others' decode.
     fn advance_mixed(&mut self, budget: usize) -> Result<()> {
-        let running = self.decode();
+        let running = self.drivers.iter().filter(|d| d.phase() == Phase::Active && d.runnable()).count();
         self.prepare(budget.saturating_sub(running));
+        self.decode();
         Ok(())
     }
     fn advance(&mut self) -> Result<bool> {
@@ -334,7 +337,14 @@ impl ExecutionGroup for Group {
     fn fail_active(&mut self, error: Error) {
         self.fail(|d| d.phase() == Phase::Active, &error);
     }
+    /// A closed engine's sessions end as cancelled by `engine_closed`, whichever saw the close
+    /// first (`InferenceEngine::close` cancels them one by one after setting the flag).
     fn fail_all(&mut self, error: Error) {
+        if self.closed() {
+            for d in &self.drivers {
+                d.session.cancel(CancelReason::EngineClosed);
+            }
+        }
         self.fail(|_| true, &error);
         self.tasks.reject_all(|| error.replicate());
     }

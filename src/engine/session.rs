@@ -187,6 +187,12 @@ struct Inner {
 }
 
 impl Inner {
+    /// Drops what the producer has committed but not yet queued.
+    fn clear_outbox(&mut self) {
+        self.outbox.clear();
+        self.outbox_tokens = 0;
+    }
+
     fn queue_len(&self) -> usize {
         self.ready.len() + self.handed.len()
     }
@@ -363,8 +369,7 @@ impl Session {
         s.ready.clear();
         s.handed.clear();
         s.queued_tokens = 0;
-        s.outbox.clear();
-        s.outbox_tokens = 0;
+        s.clear_outbox();
         s.idle_deadline = None;
         if !s.started {
             let reason = s.cancelled.unwrap_or(reason);
@@ -386,8 +391,7 @@ impl Session {
         let undelivered: usize = s.ready.drain(..).map(|e| e.tokens()).sum();
         s.queued_tokens -= undelivered;
         s.committed -= undelivered as u64;
-        s.outbox.clear();
-        s.outbox_tokens = 0;
+        s.clear_outbox();
         s.producer_waiting = false;
         drop(s);
         self.hooks.wake();
@@ -533,8 +537,7 @@ impl Session {
         }
         s.state = SessionState::Terminal;
         s.idle_deadline = None;
-        s.outbox.clear();
-        s.outbox_tokens = 0;
+        s.clear_outbox();
         let output = s.buffer.take().map(|mut b| {
             b.truncate(s.committed as usize);
             b.shrink_to_fit();

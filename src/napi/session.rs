@@ -26,8 +26,11 @@ type Chat = (CoreTokenizer, Option<CoreTemplate>);
 pub struct NativeEngine {
     inner: Arc<InferenceEngine>,
     /// Tokenizer and template for `messages` requests, loaded beside the model on first use
-    /// unless given.
-    chat: OnceLock<std::result::Result<Chat, String>>,
+    /// unless given. A failed load is not kept: the next request retries and gets the same typed
+    /// error.
+    chat: OnceLock<Chat>,
+    /// A chat template given to `createEngine`, which replaces the model's own.
+    template: Option<CoreTemplate>,
     model_path: Option<std::path::PathBuf>,
     /// Set when the model is disposed; opening then fails with `MODEL_DISPOSED`.
     model_disposed: Option<Arc<AtomicBool>>,
@@ -45,17 +48,18 @@ pub fn create_engine_native(
     let (id, config, disposed) = model.handle()?;
     let source = Source::Model { id, vocab_size: config.vocab_size };
     let chat = OnceLock::new();
+    let template = chat_template.map(|c| c.core().clone());
     if let Some(t) = tokenizer {
-        let template = match chat_template {
-            Some(c) => Some(c.core().clone()),
-            None => load_tokenizer(&config.model_path()).ok().and_then(|(_, t)| t),
-        };
-        let _ = chat.set(Ok((t.core().clone(), template)));
-    } else if let Some(c) = chat_template {
-        let loaded = load_tokenizer(&config.model_path()).map(|(t, _)| (t, Some(c.core().clone()))).map_err(|e| format!("{}: {e}", e.code()));
-        let _ = chat.set(loaded);
+        let template = template.clone().or_else(|| load_tokenizer(&config.model_path()).ok().and_then(|(_, t)| t));
+        let _ = chat.set((t.core().clone(), template));
     }
-    Ok(NativeEngine { inner: InferenceEngine::new(source, options), chat, model_path: Some(config.model_path()), model_disposed: Some(disposed) })
+    Ok(NativeEngine {
+        inner: InferenceEngine::new(source, options),
+        chat,
+        template,
+        model_path: Some(config.model_path()),
+        model_disposed: Some(disposed),
+    })
 }
 
 /// `testing.createScriptedEngine(script, options)`: sessions replay `script` instead of a model.
@@ -63,7 +67,7 @@ pub fn create_engine_native(
 pub fn create_scripted_engine_native(script: Value, options: Option<Value>) -> napi::Result<NativeEngine> {
     let options = EngineOptions::from_json(&options.unwrap_or(Value::Null)).map_err(js_error)?;
     let script = Script::from_json(script).map_err(js_error)?;
-    Ok(NativeEngine { inner: InferenceEngine::new(Source::Script(script), options), chat: OnceLock::new(), model_path: None, model_disposed: None })
+    Ok(NativeEngine { inner: InferenceEngine::new(Source::Script(script), options), chat: OnceLock::new(), template: None, model_path: None, model_disposed: None })
 }
 
 /// Sessions not yet terminal, across every engine.
@@ -105,11 +109,12 @@ pub struct EngineStatsJs {
 
 impl NativeEngine {
     fn chat(&self) -> Result<&Chat> {
-        let loaded = self.chat.get_or_init(|| match &self.model_path {
-            Some(p) => load_tokenizer(p).map_err(|e| format!("{}: {e}", e.code())),
-            None => Err("TEMPLATE_ERROR: this engine has no tokenizer".into()),
-        });
-        loaded.as_ref().map_err(|m| Error::Template(m.clone()))
+        if let Some(chat) = self.chat.get() {
+            return Ok(chat);
+        }
+        let path = self.model_path.as_ref().ok_or_else(|| Error::Template("this engine has no tokenizer".into()))?;
+        let (tokenizer, template) = load_tokenizer(path)?;
+        Ok(self.chat.get_or_init(|| (tokenizer, self.template.clone().or(template))))
     }
 
     fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, opts: GenerateOptionsJs) -> Result<MethodSpec> {
