@@ -16,13 +16,13 @@ async function collectOne(engine, request) {
 }
 
 /** Runs each request alone (one at a time), then all at once; returns both token lists. */
-async function aloneAndTogether(model, requests) {
+async function aloneAndTogether(model, requests, options = {}) {
   const alone = []
   const solo = mlx.createEngine(model)
   for (const r of requests) alone.push(await collectOne(solo, r))
   await solo.close()
   const before = mlx.testing.batchCounts()
-  const engine = mlx.createEngine(model, { maxActive: Math.max(8, requests.length) })
+  const engine = mlx.createEngine(model, { maxActive: Math.max(8, requests.length), ...options })
   const together = await Promise.all(requests.map((r) => collectOne(engine, r)))
   await engine.close()
   const after = mlx.testing.batchCounts()
@@ -47,6 +47,16 @@ describe('continuous batching on a tiny random llama', () => {
       if (n > 2) assert.ok(prefillRows >= 2, `prompts prefilled batched (${prefillRows} batched row chunks)`)
     })
   }
+
+  test('tiny iteration and preparation budgets prefill in small chunks beside decode, same tokens', async () => {
+    const long = (i) => Array.from({ length: 20 + 9 * i }, (_, j) => (j * 13 + i * 5 + 3) % TINY.vocab)
+    const requests = [0, 1, 2, 3].map((i) => ({ promptTokens: long(i), maxTokens: 40, eosTokenIds: [] }))
+    const { alone, together, batchedRows, prefillRows } = await aloneAndTogether(model, requests, { maxIterationTokens: 1, maxPreparationTokens: 3 })
+    assert.deepEqual(together, alone)
+    assert.ok(batchedRows > 0, 'decode ran batched')
+    // No prompt fits the preparation budget, so none is admitted as a burst: each prefills alone.
+    assert.equal(prefillRows, 0)
+  })
 
   test('seeded sampling and logprobs give the same tokens and values in a batch as alone', async () => {
     const sampled = (i) => ({ promptTokens: prompt(i), maxTokens: 16, eosTokenIds: [], temperature: 0.9, topP: 0.95, seed: 11 + i })

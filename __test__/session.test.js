@@ -972,7 +972,7 @@ describe('sessions: progress', () => {
 })
 
 describe('sessions: engine options and admission', () => {
-  const OPTIONS = ['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued']
+  const OPTIONS = ['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued', 'maxIterationTokens', 'maxPreparationTokens']
   const BAD = [0, -1, 1.5, NaN, 'x', Infinity, 2 ** 53]
 
   for (const key of OPTIONS) {
@@ -1251,7 +1251,7 @@ describe('sessions over a tiny random llama', () => {
   })
 
   test('createEngine validates its options like the scripted engine (INVALID_OPTION)', async () => {
-    for (const key of ['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued']) {
+    for (const key of ['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued', 'maxIterationTokens', 'maxPreparationTokens']) {
       for (const value of [0, -1, 1.5, NaN, 'x']) {
         assert.throws(() => mlx.createEngine(model, { [key]: value }), hasCode('INVALID_OPTION'), `${key}: ${String(value)}`)
       }
