@@ -93,6 +93,19 @@ impl Tensor {
         Tensor { dtype, shape, bytes: Bytes::Owned(Arc::new(bytes)) }
     }
 
+    /// Drops the file pages behind a mapped tensor once MLX holds its own copy, so loading does
+    /// not keep the whole file resident beside the copies (peak RSS). A later read faults them
+    /// back in from the file.
+    fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped { file, start, end } = &self.bytes {
+            // SAFETY: the map is a read-only private file mapping: MADV_DONTNEED drops its pages
+            // and a later access reads the same bytes from the file again, so no live borrow sees
+            // different contents.
+            let _ = unsafe { file.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *start, end - start) };
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped { file, start, end } => &file[*start..*end],
@@ -173,7 +186,9 @@ impl Weights {
             .get(name)
             .ok_or_else(|| Error::tensor(name, format!("missing from {}", self.path.display())))?;
         let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-        array_from_bytes(name, t.bytes(), &shape, t.dtype.mlx())
+        let array = array_from_bytes(name, t.bytes(), &shape, t.dtype.mlx())?;
+        t.release_pages();
+        Ok(array)
     }
 
     /// Like `array`, checking the shape first so a mismatch names the tensor.
