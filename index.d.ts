@@ -170,9 +170,9 @@ export interface EngineOptions {
   maxActive?: number
   /** Open sessions beyond `maxActive` before `open` throws `ADMISSION_REJECTED`. Default 64. */
   maxQueued?: number
-  /** Tokens one scheduler iteration processes when new prompts prefill while other sessions decode; the running sessions' tokens are reserved first, prompt chunks fill the rest. Default 512. */
+  /** Tokens one scheduler iteration processes when new prompts prefill while other sessions decode; the running sessions' tokens are reserved first, prompt chunks fill the rest. Prompts up to this long count as short: several arriving together are admitted as one burst. Default 512. */
   maxIterationTokens?: number
-  /** Prompt tokens prefilled together in one chunk when no session is decoding; short prompts that arrive together are admitted as a burst within it. Default 2048. */
+  /** Prompt tokens prefilled together in one chunk when no session is decoding; a burst of short prompts is admitted while their total stays within it. Default 2048. */
   maxPreparationTokens?: number
   /** Tokenizer for `messages` requests. Default: the one beside the model. */
   tokenizer?: Tokenizer

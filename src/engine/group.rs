@@ -146,8 +146,8 @@ impl Group {
     }
 
     /// One decode unit: every running continuous row of a model in one batched step, then each
-    /// other running row (serial placements, scripted methods) one step alone. Returns whether
-    /// any row advanced.
+    /// other running row (serial placements, scripted methods) one step alone. Returns how many
+    /// rows advanced.
     fn decode(&mut self) -> usize {
         let n = self.drivers.len();
         let keys: Vec<Option<*const ()>> = self
