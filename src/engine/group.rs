@@ -23,6 +23,11 @@ use crate::model::LanguageModel;
 pub type ModelId = u64;
 pub type Models = Rc<RefCell<HashMap<ModelId, Rc<dyn LanguageModel>>>>;
 
+/// The loaded model `id`, or `MODEL_DISPOSED`.
+pub fn lookup(models: &Models, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
+    models.borrow().get(&id).cloned().ok_or(Error::ModelDisposed)
+}
+
 static BATCHED_STEPS: AtomicU64 = AtomicU64::new(0);
 static BATCHED_ROWS: AtomicU64 = AtomicU64::new(0);
 static BATCHED_PREFILLS: AtomicU64 = AtomicU64::new(0);
@@ -70,6 +75,11 @@ impl Group {
         }
     }
 
+    /// Active rows that can decode now: one token each in the next decode step.
+    fn running(&self) -> usize {
+        self.drivers.iter().filter(|d| d.phase() == Phase::Active && d.runnable()).count()
+    }
+
     fn count(&self, phase: Phase) -> usize {
         self.drivers.iter().filter(|d| d.phase() == phase).count()
     }
@@ -77,7 +87,7 @@ impl Group {
     /// Gives one unit of its own work to each driver `pick` selects (by index); returns how many.
     fn step_each(&mut self, pick: impl Fn(usize, &Driver) -> bool) -> usize {
         let models = self.models.clone();
-        let model = move |id: ModelId| models.borrow().get(&id).cloned().ok_or(Error::ModelDisposed);
+        let model = move |id: ModelId| lookup(&models, id);
         let mut stepped = 0;
         for (i, d) in self.drivers.iter_mut().enumerate() {
             if pick(i, d) {
@@ -277,15 +287,7 @@ impl ExecutionGroup for Group {
         false
     }
     fn mixed_preparation(&self) -> Option<MixedPreparation> {
-        let running_tokens = self
-            .drivers
-            .iter()
-            .filter(|d| d.phase() == Phase::Active && d.runnable())
-            .count();
-        Some(MixedPreparation {
-            running_tokens,
-            minimum_preparation_tokens: 1,
-        })
+        Some(MixedPreparation { running_tokens: self.running(), minimum_preparation_tokens: 1 })
     }
     fn max_iteration_tokens(&self) -> usize {
         self.engine
@@ -326,7 +328,7 @@ impl ExecutionGroup for Group {
     /// of every running row. Prefilling first lets a row whose prompt completes take its first
     /// decode step in the same unit, one batched step sooner than after the others' decode.
     fn advance_mixed(&mut self, budget: usize) -> Result<()> {
-        let running = self.drivers.iter().filter(|d| d.phase() == Phase::Active && d.runnable()).count();
+        let running = self.running();
         self.prepare(budget.saturating_sub(running));
         self.decode();
         Ok(())

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Driver;
 pub use super::group::ModelId;
-use super::group::{Group, Models};
+use super::group::{lookup, Group, Models};
 use super::inference::{InferenceEngine, MethodSpec};
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
@@ -321,11 +321,7 @@ impl EngineLoop {
             } => {
                 let models = self.models.clone();
                 let logits = move || {
-                    let model = models
-                        .borrow()
-                        .get(&model)
-                        .cloned()
-                        .ok_or(Error::ModelDisposed)?;
+                    let model = lookup(&models, model)?;
                     last_logits(&*model, &prompt)
                 };
                 system.tasks.enqueue(logits, reply);
