@@ -48,6 +48,21 @@ impl KvCache {
         Ok((k.index((Ellipsis, ..end, ..)), v.index((Ellipsis, ..end, ..))))
     }
 
+    /// A cache holding `keys`/`values` ([1, heads, L, dim]) as its L positions.
+    pub fn from_contents(keys: Array, values: Array) -> Self {
+        let offset = keys.shape()[2] as usize;
+        KvCache { keys: Some(keys), values: Some(values), offset }
+    }
+
+    /// The keys and values of the positions cached so far, if any.
+    pub fn contents(&self) -> Option<(Array, Array)> {
+        let end = self.offset as i32;
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if end > 0 => Some((k.index((Ellipsis, ..end, ..)), v.index((Ellipsis, ..end, ..)))),
+            _ => None,
+        }
+    }
+
     /// The arrays to evaluate after a prefill chunk.
     pub fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()

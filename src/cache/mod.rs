@@ -1,7 +1,9 @@
 //! KV caches (plain and rotating) and the attention masks that go with them.
+mod batch;
 mod kv;
 mod rotating;
 
+pub use batch::{BatchKvCache, StackedStep};
 pub use kv::KvCache;
 pub use rotating::RotatingKvCache;
 

@@ -25,6 +25,8 @@ pub struct Driver {
     /// The method's result, held until its last publication has been queued.
     finished: Option<Result<MethodResult>>,
     settled: bool,
+    /// The group's batched decode step this session last took part in (0: none).
+    pub batched_at: u64,
 }
 
 /// Where a session stands in its engine's group (the scheduler's view of it).
@@ -51,6 +53,7 @@ impl Driver {
             reservation: None,
             finished: None,
             settled: false,
+            batched_at: 0,
         }
     }
 
@@ -158,12 +161,21 @@ impl Driver {
         if !self.runnable() {
             return None;
         }
-        let g = self.run.as_mut()?.as_generation()?;
-        if g.decode_ready() {
-            g.batch_key()
-        } else {
-            None
+        self.decode_key()
+    }
+
+    /// The batch this session's next decode step would join, when all it waits for is its
+    /// consumer taking the tokens already published.
+    pub fn awaited_key(&mut self) -> Option<*const ()> {
+        if self.settled || self.lease.is_none() || self.finished.is_some() || self.session.readiness() != Readiness::Waiting {
+            return None;
         }
+        self.decode_key()
+    }
+
+    fn decode_key(&mut self) -> Option<*const ()> {
+        let g = self.run.as_mut()?.as_generation()?;
+        g.decode_ready().then(|| g.batch_key()).flatten()
     }
 
     /// The generation and the output a batched unit works on.

@@ -3,7 +3,9 @@
 //! steps.
 //! Decode is pipelined: step n+1's graph is built and handed to `async_eval` before token n is
 //! read back, so graph construction overlaps evaluation.
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
@@ -13,7 +15,7 @@ use mlx_rs::{ops, Array};
 use super::events::{FinishReason, GenerateStats};
 use super::method::{MethodRun, Plan, Step as RunStep};
 use super::session::{MethodResult, Output};
-use crate::cache::LayerCache;
+use crate::cache::{BatchKvCache, LayerCache};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 use crate::sample::logprobs::PendingLogprobs;
@@ -21,6 +23,8 @@ use crate::sample::{GenerateOptions, Sampler};
 
 /// mlx-lm clears MLX's buffer cache every 256 decode steps.
 const CLEAR_CACHE_EVERY: u32 = 256;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 struct Step {
     token: Array,
@@ -38,8 +42,12 @@ impl Step {
 }
 
 pub struct Generation {
+    id: u64,
     model: Rc<dyn LanguageModel>,
     caches: Vec<LayerCache>,
+    /// The stacked cache that holds this generation's KV (its own `caches` are then empty)
+    /// since it last decoded in a batch.
+    stack: Option<Rc<RefCell<BatchKvCache>>>,
     prompt: Vec<u32>,
     prefilled: usize,
     opts: GenerateOptions,
@@ -82,7 +90,9 @@ impl Generation {
             .unwrap_or_else(|| model.config().eos_token_ids.clone());
         let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
         Ok(Generation {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             caches: model.new_cache(),
+            stack: None,
             model,
             prompt,
             prefilled: 0,
@@ -111,6 +121,7 @@ impl Generation {
         if self.prefill_left() > 0 {
             return self.prefill(out, self.prefill_chunk_size());
         }
+        self.unstack()?;
         let current = self.pending.take();
         // Queue the next step before reading this one, unless this is the last token allowed.
         if let Some((input, step)) = self.next_input(current.as_ref())? {
@@ -329,15 +340,21 @@ impl Generation {
         };
         let model = rows[first].0.model.clone();
         let batch = ops::concatenate(&inputs.iter().map(|(_, t, _)| t).collect::<Vec<_>>(), 0)?;
-        let mut caches: Vec<&mut [LayerCache]> = Vec::with_capacity(inputs.len());
-        let mut chosen = inputs.iter().map(|(i, ..)| *i).peekable();
-        for (i, (g, _)) in rows.iter_mut().enumerate() {
-            if chosen.peek() == Some(&i) {
-                chosen.next();
-                caches.push(&mut g.caches);
+        let hidden = if model.stackable() {
+            let stack = Self::stack(rows, inputs)?;
+            let mut stack = stack.borrow_mut();
+            model.hidden_stacked(&batch, &mut stack)?
+        } else {
+            let mut caches: Vec<&mut [LayerCache]> = Vec::with_capacity(inputs.len());
+            let mut chosen = inputs.iter().map(|(i, ..)| *i).peekable();
+            for (i, (g, _)) in rows.iter_mut().enumerate() {
+                if chosen.peek() == Some(&i) {
+                    chosen.next();
+                    caches.push(&mut g.caches);
+                }
             }
-        }
-        let hidden = model.hidden_rows(&batch, &mut caches)?;
+            model.hidden_rows(&batch, &mut caches)?
+        };
         let logits = model.logits(&hidden)?;
         let mut arrays = Vec::new();
         for (row, (i, _, step)) in inputs.iter().enumerate() {
@@ -348,6 +365,45 @@ impl Generation {
         }
         async_eval(&arrays)?;
         Ok(())
+    }
+
+    /// The stacked cache for `inputs`' rows (the one the first of them is in, or a new one),
+    /// arranged in their order. A row in another stack leaves it first.
+    fn stack(
+        rows: &mut [(&mut Generation, Output<'_>)],
+        inputs: &[(usize, Array, u64)],
+    ) -> Result<Rc<RefCell<BatchKvCache>>> {
+        let stack: Rc<RefCell<BatchKvCache>> = inputs
+            .iter()
+            .find_map(|(i, ..)| rows[*i].0.stack.clone())
+            .unwrap_or_default();
+        let mut order = Vec::with_capacity(inputs.len());
+        for (i, ..) in inputs {
+            let g = &mut *rows[*i].0;
+            if g.stack.as_ref().is_some_and(|s| !Rc::ptr_eq(s, &stack)) {
+                g.unstack()?;
+            }
+            let own = g.stack.is_none().then(|| std::mem::take(&mut g.caches));
+            g.stack = Some(stack.clone());
+            order.push((g.id, own));
+        }
+        stack.borrow_mut().arrange(order)?;
+        Ok(stack)
+    }
+
+    /// Takes this generation's caches back from its stack, to step alone.
+    fn unstack(&mut self) -> Result<()> {
+        if let Some(stack) = self.stack.take() {
+            self.caches = stack.borrow_mut().take(self.id)?;
+        }
+        Ok(())
+    }
+
+    fn cache_tokens(&self) -> usize {
+        match &self.stack {
+            Some(s) => s.try_borrow().ok().and_then(|s| s.len_of(self.id)).unwrap_or(0),
+            None => self.caches.first().map_or(0, |c| c.offset()),
+        }
     }
 
     pub fn stats(&self) -> GenerateStats {
@@ -372,8 +428,16 @@ impl Generation {
             },
             prefill_ms: prefill * 1e3,
             decode_ms: decode * 1e3,
-            cache_tokens: self.caches.first().map_or(0, |c| c.offset() as u32),
+            cache_tokens: self.cache_tokens() as u32,
             peak_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if let Some(Ok(mut stack)) = self.stack.as_ref().map(|s| s.try_borrow_mut()) {
+            stack.forget(self.id);
         }
     }
 }

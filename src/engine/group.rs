@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::driver::{Driver, Phase};
 use super::generate::Generation;
@@ -27,6 +27,11 @@ pub type Models = Rc<RefCell<HashMap<ModelId, Rc<dyn LanguageModel>>>>;
 pub fn lookup(models: &Models, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
     models.borrow().get(&id).cloned().ok_or(Error::ModelDisposed)
 }
+
+/// How long a batch waits for rows of its last step whose consumers have not yet taken their
+/// tokens, so that the batch steps whole instead of in fragments. A row that misses a step is
+/// not waited for again until it has stepped with the batch once more.
+const CONSUMER_HOLD: Duration = Duration::from_millis(10);
 
 static BATCHED_STEPS: AtomicU64 = AtomicU64::new(0);
 static BATCHED_ROWS: AtomicU64 = AtomicU64::new(0);
@@ -62,6 +67,10 @@ pub struct Group {
     pub tasks: ExecutionTasks,
     /// Whether the last tick ran anything (the thread sleeps when no group did).
     pub worked: bool,
+    /// Batched decode steps so far (see `Driver::batched_at`).
+    batch_seq: u64,
+    /// Until when batches wait for their rows' consumers (see CONSUMER_HOLD).
+    hold_until: Option<Instant>,
 }
 
 impl Group {
@@ -72,6 +81,8 @@ impl Group {
             drivers: Vec::new(),
             tasks: ExecutionTasks::default(),
             worked: false,
+            batch_seq: 0,
+            hold_until: None,
         }
     }
 
@@ -171,21 +182,39 @@ impl Group {
                 }
             })
             .collect();
+        let seq = self.batch_seq;
+        let awaited: Vec<*const ()> =
+            self.drivers.iter_mut().filter(|d| seq > 0 && d.batched_at == seq).filter_map(|d| d.awaited_key()).collect();
+        let now = Instant::now();
+        let holding = !awaited.is_empty() && *self.hold_until.get_or_insert(now + CONSUMER_HOLD) > now;
         let mut batched = vec![false; n];
-        let mut rows = 0;
+        let mut stepped = Vec::new();
         for i in 0..n {
             let Some(key) = keys[i].filter(|_| !batched[i]) else {
                 continue;
             };
             let members: Vec<usize> = (i..n).filter(|&j| keys[j] == Some(key)).collect();
-            if members.len() < 2 {
+            let held = holding && awaited.contains(&key);
+            if members.len() < 2 && !held {
                 continue;
             }
             for &j in &members {
                 batched[j] = true;
             }
-            rows += members.len();
-            self.step_batch(&members);
+            if !held {
+                self.step_batch(&members);
+                stepped.extend(members);
+            }
+        }
+        if !holding {
+            self.hold_until = None;
+        }
+        let rows = stepped.len();
+        if rows > 0 {
+            self.batch_seq += 1;
+            for j in stepped {
+                self.drivers[j].batched_at = self.batch_seq;
+            }
         }
         let alone = self.step_each(|i, d| !batched[i] && d.phase() == Phase::Active && d.runnable());
         self.drivers.retain(|d| !d.settled());
@@ -225,11 +254,12 @@ impl Group {
         self.drivers.retain(|d| !d.settled());
     }
 
-    /// When the nearest idle timer of these sessions runs out.
+    /// When the nearest idle timer of these sessions, or the wait for consumers, runs out.
     pub fn idle_deadline(&self) -> Option<Instant> {
         self.drivers
             .iter()
             .filter_map(|d| d.session.idle_deadline())
+            .chain(self.hold_until)
             .min()
     }
 }

@@ -7,7 +7,7 @@ use super::config::ModelConfig;
 use super::layers::{Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
 use super::LanguageModel;
-use crate::cache::{KvCache, LayerCache, Mask, RotatingKvCache};
+use crate::cache::{BatchKvCache, KvCache, LayerCache, Mask, RotatingKvCache, StackedStep};
 use crate::error::Result;
 
 pub struct Block {
@@ -47,6 +47,11 @@ impl Block {
     /// Independent sequences in one batch (see `Attention::forward_rows`).
     fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
         let r = self.attn.forward_rows(&self.input_norm.forward(x)?, masks, caches)?;
+        self.finish(x, r)
+    }
+
+    fn forward_stacked(&self, x: &Array, cache: &mut BatchKvCache, layer: usize, step: &StackedStep) -> Result<Array> {
+        let r = self.attn.forward_stacked(&self.input_norm.forward(x)?, cache, layer, step)?;
         self.finish(x, r)
     }
 
@@ -152,6 +157,20 @@ impl LanguageModel for Decoder {
             let mut caches: Vec<&mut LayerCache> = rows.iter_mut().map(|c| &mut c[j]).collect();
             h = layer.forward_rows(&h, &masks, &mut caches)?;
         }
+        self.norm.forward(&h)
+    }
+
+    fn stackable(&self) -> bool {
+        !self.layers.iter().any(|b| b.sliding)
+    }
+
+    fn hidden_stacked(&self, ids: &Array, cache: &mut BatchKvCache) -> Result<Array> {
+        let mut h = self.embed(ids)?;
+        let step = cache.begin_step()?;
+        for (j, layer) in self.layers.iter().enumerate() {
+            h = layer.forward_stacked(&h, cache, j, &step)?;
+        }
+        cache.end_step();
         self.norm.forward(&h)
     }
 

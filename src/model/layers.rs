@@ -9,7 +9,7 @@ use mlx_rs::{fast, ops, Array};
 
 use super::config::{ModelConfig, QuantParams, RopeScaling};
 use super::weights::Weights;
-use crate::cache::{LayerCache, Mask};
+use crate::cache::{BatchKvCache, LayerCache, Mask, StackedStep};
 use crate::error::{Error, Result};
 
 /// A scalar in `like`'s dtype (a Python float in mlx-lm).
@@ -372,6 +372,33 @@ impl Attention {
             })
             .collect::<Result<Vec<_>>>()?;
         self.output(&ops::concatenate(&rows, 0)?, b, l)
+    }
+}
+
+impl Attention {
+    /// One token for each row of a stacked cache (see `BatchKvCache`): the cache update and,
+    /// while the batch is narrow enough to stay exact, the attention run for all rows at once.
+    pub fn forward_stacked(&self, x: &Array, cache: &mut BatchKvCache, layer: usize, step: &StackedStep) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (q, k, v) = self.project(x)?;
+        let q = self.rope.forward_rows(&q, &step.offsets)?;
+        let k = self.rope.forward_rows(&k, &step.offsets)?;
+        let (k, v) = cache.update_and_fetch(layer, k, v)?;
+        let o = match &step.rows {
+            None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, step.mask.sdpa(), None)?,
+            Some(spans) => {
+                let rows = spans
+                    .iter()
+                    .zip(0..)
+                    .map(|(&(start, end), i)| {
+                        let cols = |t: &Array| t.index((i..i + 1, .., start..end, ..));
+                        Ok(fast::scaled_dot_product_attention(&q.index(i..i + 1), &cols(&k), &cols(&v), self.scale, None, None)?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                ops::concatenate(&rows, 0)?
+            }
+        };
+        self.output(&o, b, l)
     }
 }
 

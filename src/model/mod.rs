@@ -18,7 +18,7 @@ use std::path::Path;
 
 use mlx_rs::Array;
 
-use crate::cache::LayerCache;
+use crate::cache::{BatchKvCache, LayerCache};
 use crate::error::{Error, Result};
 use config::ModelConfig;
 use weights::Weights;
@@ -32,6 +32,11 @@ pub trait LanguageModel {
     /// The same for a batch of independent sequences, row `i` of `ids` [B, L] appending to
     /// `rows[i]`; rows may hold different lengths.
     fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array>;
+    /// Whether batches can decode through `hidden_stacked` (only full-attention layers).
+    fn stackable(&self) -> bool;
+    /// Final-norm hidden states [B, 1, D] for one token per row of `cache` (`ids` [B, 1], in
+    /// the cache's row order), appending to it.
+    fn hidden_stacked(&self, ids: &Array, cache: &mut BatchKvCache) -> Result<Array>;
     /// Output-vocabulary logits for hidden states.
     fn logits(&self, hidden: &Array) -> Result<Array>;
 }

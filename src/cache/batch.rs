@@ -1,0 +1,240 @@
+//! The KV caches of several sequences of one model stacked into one array per layer, so that a
+//! batched decode step appends every row's key and value with one write and attends with one
+//! call, as mlx-lm's BatchKVCache does. Rows are left padded: row i holds its positions in the
+//! last `lens[i]` of the `width` columns in use, and attention masks the padding out.
+use std::collections::{HashMap, HashSet};
+
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::{ops, Array};
+
+use super::{KvCache, LayerCache, Mask};
+use crate::error::{Error, Result};
+
+/// Columns are added 256 at a time, as in mlx-lm's caches.
+const STEP: i32 = 256;
+
+/// The widest padded batch whose attention is bit-identical to each row attending alone. Past
+/// it OpenBLAS splits the reduction over keys differently for the padded length than for a row's
+/// own (measured on Linux x86_64: every width up to 320 was exact, 328 was not), so padded rows
+/// then attend one by one over their own columns.
+const EXACT_WIDTH: i32 = 256;
+
+/// One row's keys and values per layer ([1, heads, len, dim]); `None` while it has no position.
+type RowKv = Vec<Option<(Array, Array)>>;
+
+#[derive(Default)]
+pub struct BatchKvCache {
+    ids: Vec<u64>,
+    lens: Vec<i32>,
+    width: i32,
+    n_layers: usize,
+    /// Keys and values per layer, [rows, heads, capacity, dim]; empty while no row has a position.
+    layers: Vec<(Array, Array)>,
+    /// Rows that sat out a step, their caches taken out until they step again.
+    parked: HashMap<u64, Vec<LayerCache>>,
+    /// Stacked rows whose generation has ended, dropped at the next rearrangement.
+    gone: HashSet<u64>,
+}
+
+/// What every layer of one stacked decode step shares.
+pub struct StackedStep {
+    /// The position each row's token takes ([rows] int32, for RoPE).
+    pub offsets: Array,
+    pub mask: Mask,
+    /// Each row's columns after the step, when padded rows attend one by one (see EXACT_WIDTH).
+    pub rows: Option<Vec<(i32, i32)>>,
+}
+
+impl BatchKvCache {
+    /// Positions held for row `id`, stacked or parked.
+    pub fn len_of(&self, id: u64) -> Option<usize> {
+        match self.ids.iter().position(|&r| r == id) {
+            Some(i) => Some(self.lens[i] as usize),
+            None => self.parked.get(&id).map(|c| c.first().map_or(0, LayerCache::offset)),
+        }
+    }
+
+    /// Sets the rows of the next step, in this order: a row joining brings its own caches
+    /// (`Some`); `None` for a row already here, stacked or parked. Rows left out are parked with
+    /// their caches, or dropped if their generation has ended.
+    pub fn arrange(&mut self, rows: Vec<(u64, Option<Vec<LayerCache>>)>) -> Result<()> {
+        if rows.iter().all(|(_, c)| c.is_none()) && rows.iter().map(|(id, _)| *id).eq(self.ids.iter().copied()) {
+            return Ok(());
+        }
+        if let Some((_, Some(c))) = rows.iter().find(|(_, c)| c.is_some()) {
+            self.n_layers = c.len();
+        }
+        let mut stacked: HashMap<u64, RowKv> = (0..self.ids.len()).map(|i| (self.ids[i], self.row(i))).collect();
+        let mut next = Vec::with_capacity(rows.len());
+        for (id, caches) in rows {
+            let kv = match (caches, stacked.remove(&id)) {
+                (Some(c), _) => row_kv(&c)?,
+                (None, Some(kv)) => kv,
+                (None, None) => {
+                    let parked = self.parked.remove(&id).ok_or_else(|| Error::Mlx(format!("batch row {id} has no cache")))?;
+                    row_kv(&parked)?
+                }
+            };
+            next.push((id, kv));
+        }
+        for (id, kv) in stacked {
+            if !self.gone.remove(&id) {
+                let caches = kv.into_iter().map(|kv| LayerCache::Plain(kv.map_or_else(KvCache::default, |(k, v)| KvCache::from_contents(k, v))));
+                self.parked.insert(id, caches.collect());
+            }
+        }
+        self.rebuild(next)
+    }
+
+    /// Takes row `id` out of the batch, with its caches.
+    pub fn take(&mut self, id: u64) -> Result<Vec<LayerCache>> {
+        if self.ids.contains(&id) {
+            let rest = self.ids.iter().filter(|&&r| r != id).map(|&r| (r, None)).collect();
+            self.arrange(rest)?;
+        }
+        self.parked.remove(&id).ok_or_else(|| Error::Mlx(format!("batch row {id} has no cache")))
+    }
+
+    /// Row `id`'s generation has ended: its caches go now if parked, else at the next arrangement.
+    pub fn forget(&mut self, id: u64) {
+        if self.parked.remove(&id).is_none() && self.ids.contains(&id) {
+            self.gone.insert(id);
+        }
+    }
+
+    /// Offsets and mask for appending one token to every row.
+    pub fn begin_step(&self) -> Result<StackedStep> {
+        let n = self.lens.len() as i32;
+        let offsets = Array::from_slice(&self.lens, &[n]);
+        let width = self.width + 1;
+        let starts: Vec<i32> = self.lens.iter().map(|&l| self.width - l).collect();
+        Ok(if starts.iter().all(|&s| s == 0) {
+            StackedStep { offsets, mask: Mask::None, rows: None }
+        } else if width <= EXACT_WIDTH {
+            let cols = ops::arange::<_, i32>(0, width, 1)?.reshape(&[1, 1, 1, width])?;
+            let mask = cols.ge(Array::from_slice(&starts, &[n, 1, 1, 1]))?;
+            StackedStep { offsets, mask: Mask::Array(mask), rows: None }
+        } else {
+            StackedStep { offsets, mask: Mask::None, rows: Some(starts.iter().map(|&s| (s, width)).collect()) }
+        })
+    }
+
+    /// Appends `keys`/`values` ([rows, heads, 1, dim]) at `layer`; returns the columns in use.
+    pub fn update_and_fetch(&mut self, layer: usize, keys: Array, values: Array) -> Result<(Array, Array)> {
+        let room = |like: &Array| -> Result<Array> {
+            let s = like.shape();
+            Ok(ops::zeros_dtype(&[s[0], s[1], STEP, s[3]], like.dtype())?)
+        };
+        if self.layers.len() == layer {
+            self.layers.push((room(&keys)?, room(&values)?));
+        }
+        let w = self.width;
+        let (k, v) = &mut self.layers[layer];
+        if w + 1 > k.shape()[2] {
+            *k = ops::concatenate(&[k.clone(), room(k)?], 2)?;
+            *v = ops::concatenate(&[v.clone(), room(v)?], 2)?;
+        }
+        k.try_index_mut((Ellipsis, w..w + 1, ..), &keys)?;
+        v.try_index_mut((Ellipsis, w..w + 1, ..), &values)?;
+        Ok((k.index((Ellipsis, ..w + 1, ..)), v.index((Ellipsis, ..w + 1, ..))))
+    }
+
+    /// Every layer has appended this step's token.
+    pub fn end_step(&mut self) {
+        self.width += 1;
+        self.lens.iter_mut().for_each(|l| *l += 1);
+    }
+
+    fn row(&self, i: usize) -> RowKv {
+        let (len, w, r) = (self.lens[i], self.width, i as i32);
+        if self.layers.is_empty() || len == 0 {
+            return vec![None; self.n_layers];
+        }
+        let cols = |t: &Array| t.index((r..r + 1, .., w - len..w, ..));
+        self.layers.iter().map(|(k, v)| Some((cols(k), cols(v)))).collect()
+    }
+
+    /// Stacks `rows` anew, each left padded to the longest, with room for the next column.
+    fn rebuild(&mut self, rows: Vec<(u64, RowKv)>) -> Result<()> {
+        let len = |kv: &RowKv| kv.iter().flatten().next().map_or(0, |(k, _)| k.shape()[2]);
+        self.lens = rows.iter().map(|(_, kv)| len(kv)).collect();
+        self.ids = rows.iter().map(|(id, _)| *id).collect();
+        self.width = self.lens.iter().copied().max().unwrap_or(0);
+        self.layers.clear();
+        if self.width == 0 {
+            return Ok(());
+        }
+        let cap = (self.width / STEP + 1) * STEP;
+        for j in 0..self.n_layers {
+            let stack = |pick: fn(&(Array, Array)) -> &Array| -> Result<Array> {
+                let like = rows.iter().find_map(|(_, kv)| kv[j].as_ref()).map(pick).expect("width > 0");
+                let (h, d) = (like.shape()[1], like.shape()[3]);
+                let zeros = |n: i32| ops::zeros_dtype(&[1, h, n, d], like.dtype());
+                let padded = rows
+                    .iter()
+                    .zip(&self.lens)
+                    .map(|((_, kv), &len)| {
+                        let mut parts = Vec::with_capacity(3);
+                        if len < self.width {
+                            parts.push(zeros(self.width - len)?);
+                        }
+                        parts.extend(kv[j].as_ref().map(|kv| pick(kv).clone()));
+                        parts.push(zeros(cap - self.width)?);
+                        Ok(ops::concatenate(&parts, 2)?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(ops::concatenate(&padded, 0)?)
+            };
+            self.layers.push((stack(|kv| &kv.0)?, stack(|kv| &kv.1)?));
+        }
+        Ok(())
+    }
+}
+
+/// A generation's own caches as a stacked row; only plain caches stack.
+fn row_kv(caches: &[LayerCache]) -> Result<RowKv> {
+    caches
+        .iter()
+        .map(|c| match c {
+            LayerCache::Plain(c) => Ok(c.contents()),
+            LayerCache::Rotating(_) => Err(Error::Mlx("sliding-window caches do not stack".into())),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own(len: i32, value: f32) -> Vec<LayerCache> {
+        let kv = || ops::full::<f32>(&[1, 2, len, 4], Array::from_f32(value)).unwrap();
+        vec![LayerCache::Plain(KvCache::from_contents(kv(), kv()))]
+    }
+
+    #[test]
+    fn rows_join_step_sit_out_and_leave_with_their_positions() {
+        let mut b = BatchKvCache::default();
+        b.arrange(vec![(1, Some(own(3, 1.0))), (2, Some(own(5, 2.0)))]).unwrap();
+        let step = b.begin_step().unwrap();
+        let Mask::Array(mask) = &step.mask else { panic!("rows of different lengths need a mask") };
+        mask.eval().unwrap();
+        let mask: Vec<bool> = mask.as_slice::<bool>().to_vec();
+        assert_eq!(mask, [false, false, true, true, true, true, true, true, true, true, true, true]);
+        let new = ops::full::<f32>(&[2, 2, 1, 4], Array::from_f32(9.0)).unwrap();
+        let (k, _) = b.update_and_fetch(0, new.clone(), new).unwrap();
+        b.end_step();
+        assert_eq!(k.shape(), &[2, 2, 6, 4]);
+        assert_eq!((b.len_of(1), b.len_of(2)), (Some(4), Some(6)));
+        // Row 1 sits out the next step: parked with its four positions, padding dropped.
+        b.arrange(vec![(2, None)]).unwrap();
+        let parked = b.take(1).unwrap();
+        let LayerCache::Plain(c) = &parked[0] else { panic!() };
+        let (k, _) = c.contents().unwrap();
+        let got: Vec<f32> = (0..4).map(|i| k.index((0, 0, i, 0)).item_exact()).collect();
+        assert_eq!(got, [1.0, 1.0, 1.0, 9.0]);
+        // A forgotten stacked row is dropped at the next arrangement, not parked.
+        b.forget(2);
+        b.arrange(vec![(3, Some(own(2, 3.0)))]).unwrap();
+        assert_eq!((b.len_of(2), b.len_of(3)), (None, Some(2)));
+    }
+}
