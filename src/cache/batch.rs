@@ -79,8 +79,14 @@ impl BatchKvCache {
         }
         for (id, kv) in stacked {
             if !self.gone.remove(&id) {
-                let caches = kv.into_iter().map(|kv| LayerCache::Plain(kv.map_or_else(KvCache::default, |(k, v)| KvCache::from_contents(k, v))));
-                self.parked.insert(id, caches.collect());
+                // Copied out, so a parked row does not keep the old stack alive.
+                let own = |kv: Option<(Array, Array)>| -> Result<LayerCache> {
+                    Ok(LayerCache::Plain(match kv {
+                        Some((k, v)) => KvCache::from_contents(k.contiguous()?, v.contiguous()?),
+                        None => KvCache::default(),
+                    }))
+                };
+                self.parked.insert(id, kv.into_iter().map(own).collect::<Result<_>>()?);
             }
         }
         self.rebuild(next)
