@@ -1,12 +1,14 @@
 'use strict'
 // Engine sessions on real weights (SmolLM2-135M f32, made by scripts/fixtures.sh): a chat
 // `messages` request rendered with the model's own template, and sessions running side by side,
-// all checked against Python mlx-lm 0.32.2's greedy tokens for the same prompts.
+// all checked against Python mlx-lm 0.32.2's greedy tokens for the same prompts; and child
+// processes spawned mid-generation.
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 
 const mlx = require('..')
-const { fixture, readJson } = require('./helpers')
+const { execFileSync } = require('node:child_process')
+const { fixture, readJson, within } = require('./helpers')
 
 /** mlx-lm does not stop at EOS in the reference run; we do, and never yield the EOS. */
 function expected(tokens, eos, n = tokens.length) {
@@ -60,6 +62,26 @@ describe('engine sessions on SmolLM2 (real weights)', () => {
     assert.deepEqual(streamed, expected(a.tokens, ref.eos_token_ids, N))
     assert.deepEqual(Array.from(outcomes[1].output), expected(b.tokens, ref.eos_token_ids, N))
     assert.deepEqual(fromCallback, expected(c.tokens, ref.eos_token_ids, N))
+  })
+
+  test('child processes spawned while a session decodes neither stall it nor change its tokens', async () => {
+    // OpenBLAS stops its threads before fork(); a BLAS call running on MLX's worker then waited
+    // forever. The engine now drains its stream before a fork (Node forks; Bun's spawn does not).
+    const r = ref.results[0]
+    const N = 24
+    const s = engine.open({ promptTokens: r.prompt_ids, maxTokens: N }, { output: 'collect' })
+    let done = false
+    const result = s.result.finally(() => (done = true))
+    let spawned = 0
+    const until = Date.now() + 120_000
+    while (!done && Date.now() < until) {
+      execFileSync(process.execPath, ['-e', ''])
+      spawned++
+      await new Promise((resolve) => setTimeout(resolve, 5))
+    }
+    const o = await within(result, 'the session while processes are spawned', 1_000)
+    assert.ok(spawned >= 3, `spawned ${spawned}`)
+    assert.deepEqual(Array.from(o.output), expected(r.tokens, ref.eos_token_ids, N))
   })
 
   test('a request with both messages and promptTokens, or neither, is rejected with INVALID_PROMPT', () => {

@@ -192,7 +192,7 @@ impl EngineLoop {
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            let Some(_gate) = gate::enter() else {
+            let Some(_gate) = gate::enter(synchronize) else {
                 self.park()
             };
             if self.tick() {
@@ -255,7 +255,7 @@ impl EngineLoop {
     /// Waits for evaluations still running on this thread's stream before going idle, so an exit
     /// while idle has nothing to wait for.
     fn settle(&mut self) {
-        let Some(_gate) = gate::enter() else {
+        let Some(_gate) = gate::enter(synchronize) else {
             self.park()
         };
         synchronize();
@@ -269,7 +269,7 @@ impl EngineLoop {
     }
 
     fn handle(&mut self, cmd: Command) {
-        let Some(_gate) = gate::enter() else {
+        let Some(_gate) = gate::enter(synchronize) else {
             self.park()
         };
         let system = &mut self.groups[0].1;
