@@ -78,10 +78,27 @@ export class Model {
   dispose(): void
 }
 
+/** How a model is built (Rust: `napi::model::LoadOptions`). */
+export interface LoadOptions {
+  /**
+   * Which dense weight matrices are held transposed in f32 for their matmuls (Rust:
+   * `model::weights::F32Matmuls`). On MLX's CPU backend f32 matmuls run through BLAS, while
+   * bf16/f16 ones use MLX's own, several times slower kernel.
+   * - `'auto'` (default): on the CPU backend, the matrices stored in f32 (same results bit for bit,
+   *   faster); on Metal, none.
+   * - `'all'`: bf16 and f16 matrices too. Several times faster on the CPU backend at twice their
+   *   memory, but rounding differs from MLX's bf16 kernel in a few outputs, so tokens can differ
+   *   from mlx-lm's.
+   * - `'none'`: every matrix as stored.
+   * Another value rejects with `INVALID_OPTION`.
+   */
+  f32Matmuls?: 'auto' | 'all' | 'none'
+}
+
 /** Builds `weights` into a model on the engine thread; `config` overrides the one found with them. */
-export function createModel(weights: Weights, config?: ModelConfigInfo | Record<string, unknown>): Promise<Model>
+export function createModel(weights: Weights, config?: ModelConfigInfo | Record<string, unknown>, options?: LoadOptions): Promise<Model>
 /** `Weights.open` + `createModel` for a folder or `.gguf` file. */
-export function loadModel(path: string): Promise<Model>
+export function loadModel(path: string, options?: LoadOptions): Promise<Model>
 
 /** Options of `generate` (Rust: `sample::GenerateOptions`); defaults as in mlx-bun. */
 export interface GenerateOptions {

@@ -47,6 +47,48 @@ describe('parity with mlx-lm', () => {
     model.dispose()
   })
 
+  test("f32 weights held transposed for BLAS (f32Matmuls 'auto' on the CPU) change nothing: logits and logprobs bit for bit", async () => {
+    const ref = readJson('ref-f32.json')
+    const run = async (f32Matmuls) => {
+      const model = await mlx.loadModel(fixture('smollm2-f32'), { f32Matmuls })
+      try {
+        const logits = []
+        for (const r of ref.results) logits.push(Array.from(await model.logits(r.prompt_ids)))
+        const steps = []
+        for await (const t of mlx.generate(model, ref.results[2].prompt_ids, { maxTokens: 16, eosTokenIds: [], topLogprobs: 2 })) steps.push(t)
+        return { logits, tokens: steps.map((t) => t.token), logprobs: steps.map((t) => t.logprobs) }
+      } finally {
+        model.dispose()
+      }
+    }
+    const [transposed, stored] = [await run('auto'), await run('none')]
+    assert.equal(transposed.tokens.length, 16)
+    assert.deepEqual(transposed, stored)
+  })
+
+  test("f32Matmuls 'all' computes a bf16 model's matmuls in f32: close to MLX's bf16 kernel, not bit for bit", async () => {
+    const ref = readJson('ref-gemma.json')
+    const [bf16, f32] = [await mlx.loadModel(fixture('gemma3-bf16'), { f32Matmuls: 'none' }), await mlx.loadModel(fixture('gemma3-bf16'), { f32Matmuls: 'all' })]
+    try {
+      for (const r of ref.results) {
+        const [x, y] = [await bf16.logits(r.prompt_ids), await f32.logits(r.prompt_ids)]
+        let [max, ax, ay] = [0, 0, 0]
+        for (let i = 0; i < x.length; i++) {
+          max = Math.max(max, Math.abs(x[i] - y[i]))
+          if (x[i] > x[ax]) ax = i
+          if (y[i] > y[ay]) ay = i
+        }
+        // bf16 rounding differences compound through the layers (measured: up to 0.5).
+        assert.ok(max > 0 && max <= 1, `max |logit diff| ${max}`)
+        assert.equal(ay, ax)
+      }
+    } finally {
+      bf16.dispose()
+      f32.dispose()
+    }
+    await assert.rejects(mlx.loadModel(fixture('gemma3-bf16'), { f32Matmuls: 'fast' }), { code: 'INVALID_OPTION' })
+  })
+
   test('(b) MLX 4-bit g64 folder: greedy tokens on 3 prompts', async () => {
     await checkGreedy('smollm2-q4', 'ref-q4.json')
   })

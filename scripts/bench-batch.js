@@ -2,6 +2,7 @@
 // Continuous batching benchmark (prints figures, asserts nothing):
 //
 //   node scripts/bench-batch.js [--model fixtures/smollm2-bf16] [--prompt-tokens 16] [--gen-tokens 32] [--streams 1,2,4,8]
+//                               [--f32-matmuls auto|all|none]   (the loadModel option; mlx-lm computes as stored)
 //
 // Aggregate throughput = generated tokens / wall time from submitting every request to the last
 // token, for 1, 2, 4 and 8 concurrent streams (EOS does not stop generation), beside the same
@@ -19,11 +20,12 @@ const model = arg('model', path.join(ROOT, 'fixtures', 'smollm2-bf16'))
 const P = Number(arg('prompt-tokens', 16))
 const G = Number(arg('gen-tokens', 32))
 const streams = arg('streams', '1,2,4,8').split(',').map(Number)
+const f32Matmuls = arg('f32-matmuls', 'auto')
 
 const prompt = (s, vocab) => Array.from({ length: P }, (_, i) => (i * 7919 + 13 + 101 * s) % vocab)
 
 async function ours() {
-  const m = await mlx.loadModel(model)
+  const m = await mlx.loadModel(model, { f32Matmuls })
   const vocab = m.config.vocabSize
   const engine = mlx.createEngine(m, { maxActive: Math.max(...streams) })
   const run = (n, maxTokens) =>
@@ -75,7 +77,7 @@ function theirs() {
   const { rows, ttftBusy, ttftIdle } = await ours()
   const ref = theirs()
   const single = rows[0].tok_s
-  console.log(`\n${path.basename(model)}, prompt ${P}, ${G} tokens per stream, ${runtime}`)
+  console.log(`\n${path.basename(model)}, prompt ${P}, ${G} tokens per stream, f32Matmuls ${f32Matmuls}, ${runtime}`)
   console.log('| streams | mlx-bun tok/s | × single stream | mlx-lm batch_generate tok/s | mlx-bun / mlx-lm |')
   console.log('|---|---|---|---|---|')
   for (const r of rows) {

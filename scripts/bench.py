@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark mlx-bun against mlx-lm 0.32.2 on the same machine, libmlx and BLAS.
 
-    .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3] MODEL...
+    .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3]
+                                      [--f32-matmuls auto|all|none] MODEL...
 
 For each model folder and prompt length it runs, each in a fresh process: `mlx-bun bench`
 (target/release/mlx-bun) and the same workload through mlx_lm's generate_step, then prints one
@@ -93,6 +94,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--f32-matmuls", choices=["auto", "all", "none"], default="auto",
+                    help="mlx-bun's f32Matmuls load option (mlx-lm always computes as stored)")
     a = ap.parse_args()
     bw = bandwidth_gbs()
     env = dict(os.environ)
@@ -105,7 +108,8 @@ def main():
     for model in a.models:
         for n in a.prompt_tokens:
             ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
-                             "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats)], env)
+                             "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats),
+                             "--f32-matmuls", a.f32_matmuls], env)
             ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats)], py_env)
             rows.append((os.path.basename(model.rstrip("/")), n, ours, ref))
             print(f"done {model} prompt={n}", file=sys.stderr)

@@ -8,10 +8,12 @@ use crate::engine::session::OutputMode;
 use crate::engine::{Engine, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::open_source;
+use crate::model::weights::F32Matmuls;
 use crate::sample::GenerateOptions;
 
-pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32) -> Result<()> {
+pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32_matmuls: F32Matmuls) -> Result<()> {
     let (weights, config) = open_source(path)?;
+    let weights = weights.with_f32_matmuls(f32_matmuls);
     let vocab = config.vocab_size as u32;
     let engine = Engine::get();
     let model = engine.load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;

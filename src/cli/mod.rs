@@ -13,7 +13,7 @@ use crate::engine::{Engine, EngineOptions, FinishReason, InferenceEngine, Method
 use crate::error::{Error, Result};
 use crate::model::convert::{self, ConvertOptions};
 use crate::model::open_source;
-use crate::model::weights::DType;
+use crate::model::weights::{DType, F32Matmuls};
 use crate::pull;
 use crate::sample::{GenerateOptions, SamplingOptions};
 use crate::tokenizer::detok::StreamDecoder;
@@ -51,6 +51,8 @@ enum Command {
         /// Render the prompt as a user message with the model's chat template.
         #[arg(long)]
         chat: bool,
+        #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
+        f32_matmuls: F32MatmulsArg,
     },
     /// Measure prefill/decode speed, time to first token and peak RSS (one JSON line).
     Bench {
@@ -62,6 +64,8 @@ enum Command {
         gen_tokens: u32,
         #[arg(long, default_value_t = 3)]
         repeats: u32,
+        #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
+        f32_matmuls: F32MatmulsArg,
     },
     /// Write a model as an HF/MLX folder (safetensors, config.json, tokenizer files).
     Convert {
@@ -74,6 +78,25 @@ enum Command {
         #[arg(long)]
         q_group_size: Option<i32>,
     },
+}
+
+/// Which dense matrices are held in f32 for matmuls (`F32Matmuls`): auto = those stored in f32
+/// on MLX's CPU backend (exact); all = bf16/f16 too (faster on the CPU, may change tokens).
+#[derive(Clone, Copy, ValueEnum)]
+enum F32MatmulsArg {
+    Auto,
+    All,
+    None,
+}
+
+impl From<F32MatmulsArg> for F32Matmuls {
+    fn from(a: F32MatmulsArg) -> Self {
+        match a {
+            F32MatmulsArg::Auto => F32Matmuls::Auto,
+            F32MatmulsArg::All => F32Matmuls::All,
+            F32MatmulsArg::None => F32Matmuls::None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -108,7 +131,7 @@ fn execute(cmd: Command) -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat } => {
+        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat, f32_matmuls } => {
             let model = match model {
                 Some(m) => m,
                 None => pull::pull_default(&pull::home(), true)?,
@@ -118,9 +141,11 @@ fn execute(cmd: Command) -> Result<()> {
                 sampling: SamplingOptions { temperature, top_p, top_k, seed, ..Default::default() },
                 ..Default::default()
             };
-            generate(&model, &prompt, chat, opts)
+            generate(&model, &prompt, chat, opts, f32_matmuls.into())
         }
-        Command::Bench { model, prompt_tokens, gen_tokens, repeats } => bench::bench(&model, prompt_tokens, gen_tokens, repeats),
+        Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls } => {
+            bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into())
+        }
         Command::Convert { model, out, dtype, q_bits, q_group_size } => {
             let dtype = dtype.map(|d| match d {
                 DtypeArg::F32 => DType::F32,
@@ -134,7 +159,7 @@ fn execute(cmd: Command) -> Result<()> {
     }
 }
 
-fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions) -> Result<()> {
+fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f32_matmuls: F32Matmuls) -> Result<()> {
     let (tokenizer, template) = load_tokenizer(path)?;
     let ids = if chat {
         let template = template.ok_or_else(|| Error::Template(format!("{} has no chat template", path.display())))?;
@@ -144,6 +169,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions) ->
         tokenizer.encode(prompt, true)?
     };
     let (weights, config) = open_source(path)?;
+    let weights = weights.with_f32_matmuls(f32_matmuls);
     let mut eos = config.eos_token_ids.clone();
     eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
     opts.eos_token_ids = Some(eos);

@@ -5,10 +5,10 @@
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::config::{ModelConfig, QuantParams, RopeScaling};
-use super::weights::Weights;
+use super::weights::{F32Matmuls, Weights};
 use crate::cache::{BatchKvCache, LayerCache, Mask, StackedStep};
 use crate::error::{Error, Result};
 
@@ -55,8 +55,68 @@ impl QuantWeight {
     }
 }
 
+/// A dense matrix W [out, in] for `x · Wᵀ`.
+pub enum Dense {
+    /// As stored; MLX multiplies by its transposed view.
+    Native(Array),
+    /// Held transposed and contiguous, [in, out], in f32; `dtype` is the stored one, which
+    /// activations keep. On MLX's CPU backend f32 matmuls go through BLAS, bit for bit the same
+    /// on this layout and faster (the matrix is read row-major), while bf16/f16 use MLX's own
+    /// kernel, several times slower.
+    F32T { wt: Array, dtype: Dtype },
+}
+
+impl Dense {
+    fn load(w: &Weights, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let weight = w.array_shaped(name, &[rows, cols])?;
+        let dtype = weight.dtype();
+        let f32t = match w.f32_matmuls() {
+            F32Matmuls::None | F32Matmuls::Auto => false,
+            F32Matmuls::Exact => dtype == Dtype::Float32,
+            F32Matmuls::All => true,
+        };
+        if !f32t {
+            return Ok(Dense::Native(weight));
+        }
+        let wt = weight.as_dtype(Dtype::Float32)?.t().contiguous()?;
+        wt.eval()?;
+        Ok(Dense::F32T { wt, dtype })
+    }
+
+    /// `x · Wᵀ (+ bias)`, in x's dtype.
+    fn matmul_t(&self, x: &Array, bias: Option<&Array>) -> Result<Array> {
+        match self {
+            Dense::Native(w) => Ok(match bias {
+                Some(b) => ops::addmm(b, x, w.t(), None, None)?,
+                None => ops::matmul(x, w.t())?,
+            }),
+            Dense::F32T { wt, .. } => {
+                let x32 = x.as_dtype(Dtype::Float32)?;
+                let y = match bias {
+                    Some(b) => ops::addmm(b.as_dtype(Dtype::Float32)?, &x32, wt, None, None)?,
+                    None => ops::matmul(&x32, wt)?,
+                };
+                Ok(y.as_dtype(x.dtype())?)
+            }
+        }
+    }
+
+    /// Rows `ids` of W (an embedding lookup), in the stored dtype.
+    fn rows(&self, ids: &Array) -> Result<Array> {
+        match self {
+            Dense::Native(w) => Ok(w.take_axis(ids, 0)?),
+            Dense::F32T { wt, dtype } => {
+                let mut shape = ids.shape().to_vec();
+                shape.push(wt.shape()[0]);
+                let cols = wt.take_axis(&ids.reshape(&[-1])?, 1)?;
+                Ok(cols.t().reshape(&shape)?.as_dtype(*dtype)?)
+            }
+        }
+    }
+}
+
 pub enum Linear {
-    Dense { weight: Array, bias: Option<Array> },
+    Dense { weight: Dense, bias: Option<Array> },
     Quantized { q: QuantWeight, bias: Option<Array> },
 }
 
@@ -65,14 +125,13 @@ impl Linear {
         let bias = if bias { Some(w.array_shaped(&format!("{path}.bias"), &[out_dim])?) } else { None };
         Ok(match quant_params(w, cfg, path)? {
             Some(p) => Linear::Quantized { q: QuantWeight::load(w, path, p, out_dim, in_dim)?, bias },
-            None => Linear::Dense { weight: w.array_shaped(&format!("{path}.weight"), &[out_dim, in_dim])?, bias },
+            None => Linear::Dense { weight: Dense::load(w, &format!("{path}.weight"), out_dim, in_dim)?, bias },
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
-            Linear::Dense { weight, bias: Some(b) } => Ok(ops::addmm(b, x, weight.t(), None, None)?),
-            Linear::Dense { weight, bias: None } => Ok(ops::matmul(x, weight.t())?),
+            Linear::Dense { weight, bias } => weight.matmul_t(x, bias.as_ref()),
             Linear::Quantized { q, bias } => {
                 let y = q.matmul_t(x)?;
                 Ok(match bias {
@@ -85,7 +144,7 @@ impl Linear {
 }
 
 pub enum Embedding {
-    Dense(Array),
+    Dense(Dense),
     Quantized(QuantWeight),
 }
 
@@ -93,13 +152,13 @@ impl Embedding {
     pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, vocab: usize, dim: usize) -> Result<Self> {
         Ok(match quant_params(w, cfg, path)? {
             Some(p) => Embedding::Quantized(QuantWeight::load(w, path, p, vocab, dim)?),
-            None => Embedding::Dense(w.array_shaped(&format!("{path}.weight"), &[vocab, dim])?),
+            None => Embedding::Dense(Dense::load(w, &format!("{path}.weight"), vocab, dim)?),
         })
     }
 
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
-            Embedding::Dense(weight) => Ok(weight.take_axis(ids, 0)?),
+            Embedding::Dense(weight) => weight.rows(ids),
             Embedding::Quantized(q) => Ok(ops::dequantize(
                 q.weight.take_axis(ids, 0)?,
                 q.scales.take_axis(ids, 0)?,
@@ -113,7 +172,7 @@ impl Embedding {
     /// The tied output projection: hidden states times the embedding matrix transposed.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
-            Embedding::Dense(weight) => Ok(ops::matmul(x, weight.t())?),
+            Embedding::Dense(weight) => weight.matmul_t(x, None),
             Embedding::Quantized(q) => q.matmul_t(x),
         }
     }

@@ -121,16 +121,46 @@ pub enum WeightFormat {
     Gguf,
 }
 
+/// Which dense matrices are held transposed in f32 for their matmuls (`layers::Dense::F32T`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum F32Matmuls {
+    /// `Exact` on MLX's CPU backend, `None` elsewhere (decided when the model is built).
+    #[default]
+    Auto,
+    /// Every matrix as stored.
+    None,
+    /// Those stored in f32: on MLX's CPU backend bit for bit the same, and faster.
+    Exact,
+    /// bf16 and f16 ones too: several times faster on the CPU backend, at twice their memory, but
+    /// BLAS rounds a few outputs differently from MLX's bf16 kernel, which can change tokens.
+    All,
+}
+
+impl std::str::FromStr for F32Matmuls {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(F32Matmuls::Auto),
+            "none" => Ok(F32Matmuls::None),
+            "all" => Ok(F32Matmuls::All),
+            _ => Err(Error::option("f32Matmuls", format!("{s:?} is not one of \"auto\", \"all\", \"none\""))),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Weights {
     pub path: PathBuf,
     pub format: WeightFormat,
     tensors: BTreeMap<String, Tensor>,
+    /// Which dense matrices are built transposed in f32 (see `layers::Dense`).
+    f32_matmuls: F32Matmuls,
 }
 
 impl Weights {
     pub fn from_tensors(path: PathBuf, format: WeightFormat, tensors: BTreeMap<String, Tensor>) -> Self {
-        Weights { path, format, tensors }
+        Weights { path, format, tensors, f32_matmuls: F32Matmuls::Auto }
     }
 
     /// Opens every `*.safetensors` file of a model folder (one file or a sharded set).
@@ -152,7 +182,17 @@ impl Weights {
             read_safetensors(path, &mut tensors)?;
         }
         check_shard_index(dir, &tensors)?;
-        Ok(Weights { path: dir.to_path_buf(), format: WeightFormat::Safetensors, tensors })
+        Ok(Weights { path: dir.to_path_buf(), format: WeightFormat::Safetensors, tensors, f32_matmuls: F32Matmuls::Auto })
+    }
+
+    /// The same tensors, building dense matrices as `f32_matmuls` says.
+    pub fn with_f32_matmuls(mut self, f32_matmuls: F32Matmuls) -> Self {
+        self.f32_matmuls = f32_matmuls;
+        self
+    }
+
+    pub fn f32_matmuls(&self) -> F32Matmuls {
+        self.f32_matmuls
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

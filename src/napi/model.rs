@@ -14,7 +14,7 @@ use crate::engine::{Engine, ModelId};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
 use crate::model::open_source;
-use crate::model::weights::Weights as CoreWeights;
+use crate::model::weights::{F32Matmuls, Weights as CoreWeights};
 
 /// The config summary mlx-bun's `loadModelConfig` returns.
 pub fn config_json(c: &ModelConfig) -> Value {
@@ -139,11 +139,23 @@ async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> 
     Ok(Model { id, config, disposed: Arc::new(AtomicBool::new(false)) })
 }
 
+/// How a model is built (`model::weights::F32Matmuls`).
+#[napi(object)]
+pub struct LoadOptions {
+    pub f32_matmuls: Option<String>,
+}
+
+fn with_options(weights: CoreWeights, options: Option<LoadOptions>) -> napi::Result<CoreWeights> {
+    let Some(choice) = options.and_then(|o| o.f32_matmuls) else { return Ok(weights) };
+    Ok(weights.with_f32_matmuls(choice.parse::<F32Matmuls>().map_err(js_error)?))
+}
+
 /// Builds the model for `weights` on the engine thread. `config` (from `loadModelConfig`)
 /// overrides the configuration found beside the weights.
 #[napi]
-pub async fn create_model(weights: &Weights, config: Option<Value>) -> napi::Result<Model> {
+pub async fn create_model(weights: &Weights, config: Option<Value>, options: Option<LoadOptions>) -> napi::Result<Model> {
     let (w, c) = weights.get()?.clone();
+    let w = with_options(w, options)?;
     let c = match config {
         Some(v) => {
             let raw = v.get("raw").cloned().unwrap_or(v);
@@ -156,8 +168,9 @@ pub async fn create_model(weights: &Weights, config: Option<Value>) -> napi::Res
 
 /// Opens and loads a model folder or GGUF file in one step.
 #[napi]
-pub async fn load_model(path: String) -> napi::Result<Model> {
+pub async fn load_model(path: String, options: Option<LoadOptions>) -> napi::Result<Model> {
     let (w, c) = open_source(Path::new(&path)).map_err(js_error)?;
+    let w = with_options(w, options)?;
     load(w, c).await
 }
 

@@ -1,0 +1,7 @@
+//! Facts about the device MLX computes on, for load-time choices.
+use mlx_rs::{Device, DeviceType};
+
+/// Whether MLX's default device is its CPU backend (Linux builds; Macs default to Metal).
+pub fn is_cpu() -> bool {
+    Device::try_default().and_then(|d| d.get_type()).map_or(false, |t| matches!(t, DeviceType::Cpu))
+}
