@@ -281,8 +281,7 @@ impl EngineLoop {
             } => {
                 let models = self.models.clone();
                 let load = move || {
-                    let model = create_model(&weights, config)?;
-                    drop(weights);
+                    let model = create_model(weights, config)?;
                     let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
                     models.borrow_mut().insert(id, Rc::from(model));
                     warm_up();

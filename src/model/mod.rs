@@ -69,17 +69,16 @@ fn loader(config: &ModelConfig) -> Result<Loader> {
 }
 
 /// Builds the architecture `config` names. Call on the engine thread only.
-pub fn create_model(weights: &Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
+pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
     let load = loader(&config)?;
     let f32_matmuls = match weights.f32_matmuls() {
         F32Matmuls::Auto if crate::mlx::backend::is_cpu() => F32Matmuls::Exact,
         F32Matmuls::Auto => F32Matmuls::None,
         chosen => chosen,
     };
-    let weights = weights.clone().with_f32_matmuls(f32_matmuls);
+    let weights = weights.with_f32_matmuls(f32_matmuls);
     Ok(Box::new(load(&weights, config)?))
 }
-
 
 /// Weights and config of a model folder (`config.json` + safetensors) or a `.gguf` file.
 /// Parses and validates only; no MLX work, so it may run on any thread.
