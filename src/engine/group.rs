@@ -18,6 +18,7 @@ use super::scheduler::{ExecutionGroup, MixedPreparation};
 use super::session::{CancelReason, Output};
 use super::tasks::ExecutionTasks;
 use crate::error::{Error, Result};
+use crate::mlx::blas;
 use crate::model::LanguageModel;
 
 pub type ModelId = u64;
@@ -102,6 +103,9 @@ impl Group {
         let mut stepped = 0;
         for (i, d) in self.drivers.iter_mut().enumerate() {
             if pick(i, d) {
+                if stepped == 0 {
+                    blas::fit(1);
+                }
                 d.step(&model);
                 stepped += 1;
             }
@@ -149,6 +153,7 @@ impl Group {
             let n = per_row.min((left / k).max(1));
             left = left.saturating_sub(n * k);
             prefilled = true;
+            blas::fit(k * n);
             if k == 1 {
                 let d = &mut self.drivers[rows[0]];
                 let step = d
@@ -226,6 +231,7 @@ impl Group {
     fn step_batch(&mut self, members: &[usize]) {
         BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
         BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
+        blas::fit(members.len());
         self.run_batch(members, Generation::step_batch);
     }
 
@@ -346,6 +352,7 @@ impl ExecutionGroup for Group {
             && self.next_preparation_tokens() <= self.max_iteration_tokens()
     }
     fn advance_task(&mut self) {
+        blas::fit(1);
         self.tasks.advance();
         self.worked = true;
     }

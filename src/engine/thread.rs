@@ -21,6 +21,7 @@ use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
 use crate::error::{Error, Result};
+use crate::mlx::backend::synchronize;
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
@@ -339,12 +340,6 @@ fn warm_up() {
         let _ = a.add(&a).and_then(|b| b.eval());
         gate::close_at_process_exit();
     });
-}
-
-/// Blocks until everything queued on this thread's MLX stream has been evaluated.
-fn synchronize() {
-    // SAFETY: plain call into mlx-c for the calling thread's default stream.
-    unsafe { mlx_sys::mlx_synchronize_default() };
 }
 
 fn last_logits(model: &dyn LanguageModel, prompt: &[u32]) -> Result<Vec<f32>> {

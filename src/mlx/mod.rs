@@ -1,5 +1,6 @@
-//! Thin helpers over mlx-rs: the exit gate, host-memory conversions and backend facts. No model
-//! logic here.
+//! Thin helpers over mlx-rs: the exit gate, host-memory conversions, backend facts and BLAS
+//! threads. No model logic here.
 pub mod backend;
+pub mod blas;
 pub mod gate;
 pub mod host;
