@@ -9,9 +9,14 @@ const path = require('node:path')
 const { makeTinyLlama, tmpdir } = require('./helpers')
 
 const RUNS = 50
-const dir = makeTinyLlama(path.join(tmpdir('exit'), 'tiny'))
+// f32 products run on OpenBLAS's threads; bf16 ones of 2^18 elements or more (here the output
+// head, 4096×128) split across the engine's two MLX streams.
+const dirs = {
+  f32: makeTinyLlama(path.join(tmpdir('exit'), 'tiny')),
+  bf16: makeTinyLlama(path.join(tmpdir('exit-bf16'), 'tiny'), 1, { bf16: true, dims: { vocab: 4096, hidden: 128 } }),
+}
 
-function child(mode) {
+function child(mode, dir) {
   return new Promise((resolve) => {
     const p = spawn(process.execPath, [path.join(__dirname, 'exit-child.js'), mode, dir], { stdio: ['ignore', 'ignore', 'pipe'] })
     let stderr = ''
@@ -20,15 +25,17 @@ function child(mode) {
   })
 }
 
-async function runMany(mode, expectedCode) {
+async function runMany(mode, dir, expectedCode) {
   const failures = []
   for (let i = 0; i < RUNS; i += 2) {
-    for (const r of await Promise.all([child(mode), child(mode)])) {
+    for (const r of await Promise.all([child(mode, dir), child(mode, dir)])) {
       if (r.code !== expectedCode) failures.push(r)
     }
   }
   assert.deepEqual(failures, [], `${failures.length}/${RUNS} runs did not exit cleanly`)
 }
 
-test(`process.exit() during generation: ${RUNS} runs, no crash`, { timeout: 300_000 }, () => runMany('exit', 3))
-test(`end of script during generation: ${RUNS} runs, no crash`, { timeout: 300_000 }, () => runMany('end', 0))
+for (const [dtype, dir] of Object.entries(dirs)) {
+  test(`${dtype}: process.exit() during generation: ${RUNS} runs, no crash`, { timeout: 300_000 }, () => runMany('exit', dir, 3))
+  test(`${dtype}: end of script during generation: ${RUNS} runs, no crash`, { timeout: 300_000 }, () => runMany('end', dir, 0))
+}

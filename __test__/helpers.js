@@ -52,9 +52,16 @@ function writeSafetensors(file, tensors) {
 
 const TINY = { vocab: 256, hidden: 64, layers: 2, heads: 4, kvHeads: 2, inter: 128 }
 
-/** A tiny random-weight llama folder (config.json + model.safetensors), no tokenizer. */
-function makeTinyLlama(dir, seed = 1, { omit = [] } = {}) {
-  const { vocab, hidden, layers, heads, kvHeads, inter } = TINY
+/** f32 values as bf16 (round to nearest even), for safetensors. */
+function toBf16({ shape, data }) {
+  const bits = new Uint32Array(data.buffer, data.byteOffset, data.length)
+  return { shape, dtype: 'BF16', data: Uint16Array.from(bits, (u) => (u + 0x7fff + ((u >>> 16) & 1)) >>> 16) }
+}
+
+/** A tiny random-weight llama folder (config.json + model.safetensors), no tokenizer; `bf16`
+ * stores every tensor in bf16, `dims` overrides TINY's sizes. */
+function makeTinyLlama(dir, seed = 1, { omit = [], bf16 = false, dims = {} } = {}) {
+  const { vocab, hidden, layers, heads, kvHeads, inter } = { ...TINY, ...dims }
   const hd = hidden / heads
   const r = rng(seed)
   const rand = (shape, scale = 0.08) => ({ shape, data: Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => (r() * 2 - 1) * scale) })
@@ -75,6 +82,7 @@ function makeTinyLlama(dir, seed = 1, { omit = [] } = {}) {
     })
   }
   for (const name of omit) delete t[name]
+  if (bf16) for (const name of Object.keys(t)) t[name] = toBf16(t[name])
   fs.mkdirSync(dir, { recursive: true })
   writeSafetensors(path.join(dir, 'model.safetensors'), t)
   fs.writeFileSync(
