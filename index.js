@@ -24,7 +24,7 @@ function loadNative() {
 }
 
 const native = loadNative()
-native.installExitHook()
+native.installExitHook(require('node:worker_threads').isMainThread)
 
 const CODED = /^([A-Z][A-Z0-9_]+): ([\s\S]*)$/
 // napi's own argument conversion errors (a string where a number belongs, ...) are bad options.

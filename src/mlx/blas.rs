@@ -16,7 +16,7 @@
 //!
 //! OpenBLAS is found at run time among the loaded libraries, so builds without it (macOS uses
 //! Accelerate, or `MLX_BUN_BLAS=reference`) leave everything as it is. Only the engine thread
-//! calls [`fit`]; a change first drains the thread's MLX stream, so no product in flight sees the
+//! calls [`fit`]; a change first drains the thread's MLX streams, so no product in flight sees the
 //! count move under it.
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;

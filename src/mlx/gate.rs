@@ -1,17 +1,21 @@
 //! The exit gate. Node runs MLX's static destructors at `process.exit()` while the engine thread
 //! may still be inside MLX, which crashed about a quarter of such exits. Every piece of engine MLX
 //! work holds the gate; closing it waits for the current step, then for the evaluations that step
-//! left running on MLX's stream (decode is pipelined), and keeps MLX untouched for the rest of the
+//! left running on MLX's streams (decode is pipelined), and keeps MLX untouched for the rest of the
 //! process. Closing is idempotent: a second lock attempt would hang the exit.
+//!
+//! The wait is bounded: one step can be a prefill chunk of minutes on a CPU, and an exit must not
+//! hang that long. Past the bound, an exit on glibc ends the process with `_exit(status)`, which
+//! skips the static destructors that would race the running step; elsewhere the exit goes on.
 //!
 //! The gate also makes `fork()` safe (Node's `child_process`). OpenBLAS's fork handler stops its
 //! worker threads; if MLX's worker is inside a threaded BLAS call at that moment, the call waits
-//! for them forever and the engine hangs. So before a fork the engine drains its stream and
+//! for them forever and the engine hangs. So before a fork the engine drains its streams and
 //! waits outside MLX until the fork is done.
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, Once};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
 static GATE: Mutex<()> = Mutex::new(());
@@ -21,10 +25,15 @@ static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 static QUIESCED: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
 /// Set from just before a fork until just after it.
 static FORKING: AtomicBool = AtomicBool::new(false);
-/// Signalled when the engine has drained its stream for a fork, and when the fork is done.
+/// Signalled when the engine has drained its streams for a fork, and when the fork is done.
 static FORK: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
-/// How long an exit waits for in-flight MLX work (one decode step takes milliseconds).
-const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Set once the closer holds the gate.
+static HELD: AtomicBool = AtomicBool::new(false);
+/// Until when closing waits for the engine, fixed by the first close.
+static DEADLINE: OnceLock<Instant> = OnceLock::new();
+/// How long an exit waits for in-flight MLX work (one decode step takes milliseconds, a prefill
+/// chunk up to minutes on a CPU).
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Enters the gate; `None` once it is closed, after which the caller must not touch MLX again.
 /// `sync` waits for the caller's in-flight MLX work; it runs when a fork is about to happen.
@@ -51,17 +60,41 @@ pub fn enter(sync: impl Fn()) -> Option<MutexGuard<'static, ()>> {
     }
 }
 
-/// Closes the gate for good: waits for the MLX work in flight, then keeps the lock.
-pub fn close() {
-    if CLOSED.swap(true, Ordering::AcqRel) {
-        return;
+/// Closes the gate for good: waits, until the first close's deadline, for the engine's current
+/// step and the MLX work it left in flight, keeping the lock. Returns whether MLX is now idle.
+pub fn close() -> bool {
+    let deadline = *DEADLINE.get_or_init(|| Instant::now() + QUIESCE_TIMEOUT);
+    CLOSED.store(true, Ordering::Release);
+    let (lock, cv) = &QUIESCED;
+    let mut quiesced = lock.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        // The engine parks (and sets QUIESCED) at its first gate entry after the close.
+        if *quiesced {
+            return true;
+        }
+        if !HELD.load(Ordering::Acquire) {
+            match GATE.try_lock() {
+                Ok(g) => take(g),
+                Err(TryLockError::Poisoned(e)) => take(e.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        if HELD.load(Ordering::Acquire) && !IN_FLIGHT.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        // Polls the lock: the engine signals QUIESCED, but not the end of its step.
+        let wait = (deadline - now).min(Duration::from_millis(2));
+        quiesced = cv.wait_timeout(quiesced, wait).unwrap_or_else(|e| e.into_inner()).0;
     }
-    std::mem::forget(GATE.lock().unwrap_or_else(|e| e.into_inner()));
-    if IN_FLIGHT.load(Ordering::Acquire) {
-        let (lock, cv) = &QUIESCED;
-        let done = lock.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = cv.wait_timeout_while(done, QUIESCE_TIMEOUT, |done| !*done);
-    }
+}
+
+fn take(guard: MutexGuard<'static, ()>) {
+    std::mem::forget(guard);
+    HELD.store(true, Ordering::Release);
 }
 
 /// The engine records whether it may have left evaluations running.
@@ -95,7 +128,7 @@ extern "C" fn before_fork() {
     FORKING.store(true, Ordering::Release);
     let mut guard = GATE.lock().unwrap_or_else(|e| e.into_inner());
     if IN_FLIGHT.load(Ordering::Acquire) {
-        // The engine drains its stream at its next `enter`, which needs the gate.
+        // The engine drains its streams at its next `enter`, which needs the gate.
         drop(guard);
         let (lock, cv) = &FORK;
         let held = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -118,16 +151,40 @@ pub fn is_closed() -> bool {
     CLOSED.load(Ordering::Acquire)
 }
 
+/// On glibc the exit handler learns the exit status, so an exit that cannot wait for MLX any
+/// longer ends the process at once with that status.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" fn close_at_exit(status: libc::c_int, _: *mut libc::c_void) {
+    if !close() {
+        // SAFETY: `_exit` ends the process without running destructors, which is the point.
+        unsafe { libc::_exit(status) }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 extern "C" fn close_at_exit() {
     close();
 }
 
-/// Registers `close` with `atexit`, and the fork handlers. Call it from the engine thread after
-/// MLX has been used once, so the exit handler runs before the destructors of MLX's lazily
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe fn register_exit_handler() {
+    extern "C" {
+        fn on_exit(f: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
+    }
+    on_exit(close_at_exit, std::ptr::null_mut());
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+unsafe fn register_exit_handler() {
+    libc::atexit(close_at_exit);
+}
+
+/// Registers `close` as an exit handler, and the fork handlers. Call it from the engine thread
+/// after MLX has been used once, so the exit handler runs before the destructors of MLX's lazily
 /// created statics, and the fork handlers before OpenBLAS's.
 pub fn close_at_process_exit() {
     ATEXIT.call_once(|| unsafe {
-        libc::atexit(close_at_exit);
+        register_exit_handler();
         libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
     });
 }
