@@ -2,7 +2,7 @@
 """Benchmark mlx-bun against mlx-lm 0.32.2 on the same machine, libmlx and BLAS.
 
     .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3]
-                                      [--f32-matmuls auto|all|none] MODEL...
+                                      [--f32-matmuls auto|all|none] [--prefill-chunk-size 2048] MODEL...
 
 For each model folder and prompt length it runs, each in a fresh process: `mlx-bun bench`
 (target/release/mlx-bun) and the same workload through mlx_lm's generate_step, then prints one
@@ -24,13 +24,14 @@ import json, resource, statistics, sys, time
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
-model_path, n_prompt, n_gen, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model_path, n_prompt, n_gen, repeats, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 model, tok = load(model_path)
 vocab = model.args.vocab_size
 prompt = mx.array([(i * 7919 + 13) % vocab for i in range(n_prompt)])
 def run(n):
     t0 = time.perf_counter(); first = None; count = 0
-    for token, _ in generate_step(prompt, model, max_tokens=n, sampler=lambda x: mx.argmax(x, axis=-1)):
+    for token, _ in generate_step(prompt, model, max_tokens=n, sampler=lambda x: mx.argmax(x, axis=-1),
+                                  prefill_step_size=chunk):
         count += 1
         if first is None:
             first = time.perf_counter()
@@ -96,6 +97,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--f32-matmuls", choices=["auto", "all", "none"], default="auto",
                     help="mlx-bun's f32Matmuls load option (mlx-lm always computes as stored)")
+    ap.add_argument("--prefill-chunk-size", type=int, default=2048,
+                    help="prompt tokens per prefill step, for both engines")
     a = ap.parse_args()
     bw = bandwidth_gbs()
     env = dict(os.environ)
@@ -109,8 +112,9 @@ def main():
         for n in a.prompt_tokens:
             ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
                              "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats),
-                             "--f32-matmuls", a.f32_matmuls], env)
-            ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats)], py_env)
+                             "--f32-matmuls", a.f32_matmuls, "--prefill-chunk-size", str(a.prefill_chunk_size)], env)
+            ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats),
+                            str(a.prefill_chunk_size)], py_env)
             rows.append((os.path.basename(model.rstrip("/")), n, ours, ref))
             print(f"done {model} prompt={n}", file=sys.stderr)
     head = f"| model | prompt | metric | mlx-bun (min/median/max) | mlx-lm (min/median/max) | ratio (median) |"

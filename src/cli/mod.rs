@@ -66,6 +66,9 @@ enum Command {
         repeats: u32,
         #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
         f32_matmuls: F32MatmulsArg,
+        /// Prompt tokens per prefill step (mlx-lm's default, 2048, unless set).
+        #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+        prefill_chunk_size: u32,
     },
     /// Write a model as an HF/MLX folder (safetensors, config.json, tokenizer files).
     Convert {
@@ -143,8 +146,8 @@ fn execute(cmd: Command) -> Result<()> {
             };
             generate(&model, &prompt, chat, opts, f32_matmuls.into())
         }
-        Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls } => {
-            bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into())
+        Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
+            bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
         }
         Command::Convert { model, out, dtype, q_bits, q_group_size } => {
             let dtype = dtype.map(|d| match d {
