@@ -138,7 +138,10 @@ export interface GenerateOptions {
   logprobs?: boolean
   /** Also report this many most likely alternatives (0–20). */
   topLogprobs?: number
-  /** Aborting ends the iteration with `finishReason === 'cancelled'`. */
+  /**
+   * Aborting ends the iteration with `finishReason === 'cancelled'`, within one layer's compute
+   * even in the middle of a long prefill step.
+   */
   signal?: AbortSignal
 }
 

@@ -129,4 +129,29 @@ describe('generate on SmolLM2 (real weights)', () => {
     assert.equal(gen.finishReason, 'stop')
     model.dispose()
   })
+
+  // One prefill step of 200 prompt tokens takes over a minute for this 4-bit model on MLX's CPU
+  // backend (Linux); the engine checks for a cancel between layers, so an abort ends the
+  // generation within seconds rather than after the step. On Metal the step is over sooner.
+  test('an abort during a long prefill step ends the generation within seconds', { timeout: 180_000 }, async () => {
+    const model = await mlx.loadModel(fixture('smollm2-q4'))
+    const ac = new AbortController()
+    const prompt = Array.from({ length: 200 }, (_, i) => 100 + i)
+    const gen = mlx.generate(model, prompt, { maxTokens: 4, eosTokenIds: [], signal: ac.signal })
+    let abortedAt
+    setTimeout(() => {
+      abortedAt = Date.now()
+      ac.abort()
+    }, 1500)
+    const { tokens } = await collect(gen)
+    const waited = Date.now() - abortedAt
+    if (process.platform === 'linux') assert.equal(gen.finishReason, 'cancelled')
+    if (gen.finishReason === 'cancelled') {
+      assert.ok(waited < 20_000, `the generation ended ${waited} ms after the abort`)
+      assert.deepEqual(tokens, [])
+    }
+    const after = await collect(mlx.generate(model, [1, 2, 3], { maxTokens: 2, eosTokenIds: [] }))
+    assert.equal(after.tokens.length, 2)
+    model.dispose()
+  })
 })

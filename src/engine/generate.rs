@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::async_eval;
 use mlx_rs::{ops, Array};
 
 use super::events::{FinishReason, GenerateStats};
@@ -17,6 +17,7 @@ use super::method::{MethodRun, Plan, Step as RunStep};
 use super::session::{MethodResult, Output};
 use crate::cache::{BatchKvCache, LayerCache};
 use crate::error::{Error, Result};
+use crate::mlx::gate;
 use crate::model::LanguageModel;
 use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
@@ -144,8 +145,11 @@ impl Generation {
         }
         let n = self.prefill_left().min(max.max(1));
         let chunk = &self.prompt[self.prefilled..self.prefilled + n];
-        self.model.hidden(&ids(chunk), &mut self.caches)?;
-        eval(self.caches.iter().flat_map(|c| c.state()))?;
+        let check = || {
+            exiting()?;
+            out.check_cancelled()
+        };
+        self.model.prefill(&ids(chunk), &mut self.caches, &check)?;
         mlx_rs::memory::clear_cache()?;
         self.prefilled += n;
         out.progress(self.prefilled as f64, Some(self.prompt.len() as f64))?;
@@ -194,12 +198,12 @@ impl Generation {
         going: &[bool],
         n: usize,
     ) -> Result<()> {
-        let mut chosen: Vec<&mut Generation> = rows
+        let (mut chosen, outs): (Vec<&mut Generation>, Vec<&Output<'_>>) = rows
             .iter_mut()
             .zip(going)
             .filter(|(_, &go)| go)
-            .map(|((g, _), _)| &mut **g)
-            .collect();
+            .map(|((g, out), _)| (&mut **g, &*out))
+            .unzip();
         let Some(first) = chosen.first() else {
             return Ok(());
         };
@@ -211,12 +215,16 @@ impl Generation {
         let ids = Array::from_slice(&tokens, &[chosen.len() as i32, n as i32]);
         let mut caches: Vec<&mut [LayerCache]> =
             chosen.iter_mut().map(|g| g.caches.as_mut_slice()).collect();
-        model.hidden_rows(&ids, &mut caches)?;
-        eval(
-            chosen
-                .iter()
-                .flat_map(|g| g.caches.iter().flat_map(|c| c.state())),
-        )?;
+        // The step ends early only when no row wants it any more.
+        let check = || {
+            exiting()?;
+            if outs.iter().any(|o| o.check_cancelled().is_ok()) {
+                Ok(())
+            } else {
+                outs[0].check_cancelled()
+            }
+        };
+        model.prefill_rows(&ids, &mut caches, &check)?;
         mlx_rs::memory::clear_cache()?;
         Ok(())
     }
@@ -461,6 +469,15 @@ impl MethodRun for Generation {
 
     fn close(self: Box<Self>) -> Result<()> {
         drop(self);
+        Ok(())
+    }
+}
+
+/// `EngineClosed` once the process is exiting (`mlx::gate`): a long step stops between its parts.
+fn exiting() -> Result<()> {
+    if gate::is_closed() {
+        Err(Error::EngineClosed)
+    } else {
         Ok(())
     }
 }

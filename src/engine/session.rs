@@ -592,6 +592,14 @@ impl Output<'_> {
         self.session.lock().output_stopped
     }
 
+    /// `Cancelled` once the session is cancelled: a long step asks between its parts.
+    pub fn check_cancelled(&self) -> Result<()> {
+        match self.session.lock().cancelled {
+            Some(r) => Err(Error::Cancelled(r.as_str())),
+            None => Ok(()),
+        }
+    }
+
     fn check_live(&self, s: &Inner) -> Result<()> {
         if let Some(r) = s.cancelled {
             return Err(Error::Cancelled(r.as_str()));

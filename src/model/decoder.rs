@@ -1,6 +1,7 @@
 //! The decoder-only transformer every supported architecture is an instance of: token embedding,
 //! a stack of attention + MLP blocks (pre-norm, optionally with Gemma's post-norms), a final norm
 //! and the output projection. Architectures differ only in how they fill these parts.
+use mlx_rs::transforms::eval;
 use mlx_rs::{ops, Array, Dtype};
 
 use super::config::ModelConfig;
@@ -106,6 +107,50 @@ impl Decoder {
 }
 
 impl Decoder {
+    /// The layers, before the final norm; `after` sees each layer's output.
+    fn forward(&self, ids: &Array, caches: &mut [LayerCache], after: &mut dyn FnMut(usize, &Array) -> Result<()>) -> Result<Array> {
+        let mut h = self.embed(ids)?;
+        let n = ids.shape()[1] as usize;
+        // Masks come from the caches' state before this step, one per attention kind.
+        let full = self.layers.iter().position(|b| !b.sliding);
+        let sliding = self.layers.iter().position(|b| b.sliding);
+        let full_mask = full.map(|i| caches[i].make_mask(n, None)).transpose()?;
+        let sliding_mask = sliding.map(|i| caches[i].make_mask(n, Some(self.sliding_window))).transpose()?;
+        for (j, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
+            h = layer.forward(&h, mask.expect("a mask exists for every kind of layer present"), cache)?;
+            after(j, &h)?;
+        }
+        Ok(h)
+    }
+
+    /// The same over independent rows, each on its own caches.
+    fn forward_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], after: &mut dyn FnMut(usize, &Array) -> Result<()>) -> Result<Array> {
+        let mut h = self.embed(ids)?;
+        let n = ids.shape()[1] as usize;
+        for (j, layer) in self.layers.iter().enumerate() {
+            let window = layer.sliding.then_some(self.sliding_window);
+            let masks = rows.iter().map(|c| c[j].make_mask(n, window)).collect::<Result<Vec<_>>>()?;
+            let mut caches: Vec<&mut LayerCache> = rows.iter_mut().map(|c| &mut c[j]).collect();
+            h = layer.forward_rows(&h, &masks, &mut caches)?;
+            after(j, &h)?;
+        }
+        Ok(h)
+    }
+
+    /// A prefill's step between layers: evaluate the layer, then ask `check`. The last layer's
+    /// output feeds nothing a prefill keeps, so it is left to the caches' evaluation.
+    fn between_layers<'a>(&self, check: &'a dyn Fn() -> Result<()>) -> impl FnMut(usize, &Array) -> Result<()> + 'a {
+        let last = self.layers.len() - 1;
+        move |j, h| {
+            if j < last {
+                h.eval()?;
+                check()?;
+            }
+            Ok(())
+        }
+    }
+
     fn embed(&self, ids: &Array) -> Result<Array> {
         let h = self.embed_tokens.forward(ids)?;
         Ok(match self.embed_scale {
@@ -134,30 +179,23 @@ impl LanguageModel for Decoder {
     }
 
     fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array> {
-        let mut h = self.embed(ids)?;
-        let n = ids.shape()[1] as usize;
-        // Masks come from the caches' state before this step, one per attention kind.
-        let full = self.layers.iter().position(|b| !b.sliding);
-        let sliding = self.layers.iter().position(|b| b.sliding);
-        let full_mask = full.map(|i| caches[i].make_mask(n, None)).transpose()?;
-        let sliding_mask = sliding.map(|i| caches[i].make_mask(n, Some(self.sliding_window))).transpose()?;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
-            h = layer.forward(&h, mask.expect("a mask exists for every kind of layer present"), cache)?;
-        }
+        let h = self.forward(ids, caches, &mut |_, _| Ok(()))?;
         self.norm.forward(&h)
     }
 
     fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array> {
-        let mut h = self.embed(ids)?;
-        let n = ids.shape()[1] as usize;
-        for (j, layer) in self.layers.iter().enumerate() {
-            let window = layer.sliding.then_some(self.sliding_window);
-            let masks = rows.iter().map(|c| c[j].make_mask(n, window)).collect::<Result<Vec<_>>>()?;
-            let mut caches: Vec<&mut LayerCache> = rows.iter_mut().map(|c| &mut c[j]).collect();
-            h = layer.forward_rows(&h, &masks, &mut caches)?;
-        }
+        let h = self.forward_rows(ids, rows, &mut |_, _| Ok(()))?;
         self.norm.forward(&h)
+    }
+
+    fn prefill(&self, ids: &Array, caches: &mut [LayerCache], check: &dyn Fn() -> Result<()>) -> Result<()> {
+        self.forward(ids, caches, &mut self.between_layers(check))?;
+        Ok(eval(caches.iter().flat_map(|c| c.state()))?)
+    }
+
+    fn prefill_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], check: &dyn Fn() -> Result<()>) -> Result<()> {
+        self.forward_rows(ids, rows, &mut self.between_layers(check))?;
+        Ok(eval(rows.iter().flat_map(|r| r.iter().flat_map(|c| c.state())))?)
     }
 
     fn stackable(&self) -> bool {
@@ -179,5 +217,57 @@ impl LanguageModel for Decoder {
             Some(head) => head.forward(hidden),
             None => self.embed_tokens.as_linear(hidden),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::error::Error;
+    use crate::model::{create_model, gguf, gguf_weights};
+
+    fn states(caches: &[LayerCache]) -> Vec<Vec<f32>> {
+        caches
+            .iter()
+            .flat_map(|c| c.state())
+            .map(|a| {
+                let a = a.as_dtype(Dtype::Float32).unwrap();
+                a.eval().unwrap();
+                a.as_slice::<f32>().to_vec()
+            })
+            .collect()
+    }
+
+    /// Prefilling layer by layer leaves the caches bit for bit as one graph does, and a failed
+    /// check stops it right after the layer it follows. Set MLX_BUN_TEST_GGUF to
+    /// SmolLM2-135M-Instruct.Q4_1.gguf (real weights) and run with `--ignored`.
+    #[test]
+    #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    fn prefill_by_layers_equals_one_graph_and_stops_between_layers() {
+        let Some(g) = gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
+        let (w, cfg) = gguf_weights::load(&g).unwrap();
+        let model = create_model(w, cfg).unwrap();
+        let ids = Array::from_slice(&[1u32, 502, 9, 1234, 77, 4000, 12, 8], &[1, 8]);
+
+        let mut whole = model.new_cache();
+        model.hidden(&ids, &mut whole).unwrap();
+        let mut layered = model.new_cache();
+        model.prefill(&ids, &mut layered, &|| Ok(())).unwrap();
+        assert_eq!(states(&layered), states(&whole));
+
+        let asked = Cell::new(0);
+        let mut stopped = model.new_cache();
+        let stop = || {
+            asked.set(asked.get() + 1);
+            Err(Error::Cancelled("requested"))
+        };
+        let err = model.prefill(&ids, &mut stopped, &stop).unwrap_err();
+        assert!(matches!(err, Error::Cancelled("requested")), "{err}");
+        assert_eq!(asked.get(), 1);
+        let offsets: Vec<usize> = stopped.iter().map(|c| c.offset()).collect();
+        assert_eq!(offsets[..2], [8, 0]);
+        assert!(offsets[1..].iter().all(|&o| o == 0));
     }
 }

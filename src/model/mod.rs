@@ -32,6 +32,13 @@ pub trait LanguageModel {
     /// The same for a batch of independent sequences, row `i` of `ids` [B, L] appending to
     /// `rows[i]`; rows may hold different lengths.
     fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array>;
+    /// Prefill: appends `ids` [1, L] to `caches` as `hidden` does, but evaluates layer by layer
+    /// and calls `check` between layers, so a step that takes minutes on a CPU ends early when
+    /// `check` fails (a cancelled request, an exit). Evaluating part of the graph earlier runs
+    /// the same kernels on the same inputs: the caches hold the same values.
+    fn prefill(&self, ids: &Array, caches: &mut [LayerCache], check: &dyn Fn() -> Result<()>) -> Result<()>;
+    /// The same for a batch of independent rows, as `hidden_rows`.
+    fn prefill_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], check: &dyn Fn() -> Result<()>) -> Result<()>;
     /// Whether batches can decode through `hidden_stacked` (only full-attention layers).
     fn stackable(&self) -> bool;
     /// Final-norm hidden states [B, 1, D] for one token per row of `cache` (`ids` [B, 1], in
