@@ -3,6 +3,7 @@
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const path = require('node:path')
+const { spawnSync } = require('node:child_process')
 
 const mlx = require('..')
 const { makeTinyLlama, tmpdir, collect, fixture, TINY } = require('./helpers')
@@ -152,6 +153,35 @@ describe('generate on SmolLM2 (real weights)', () => {
     }
     const after = await collect(mlx.generate(model, [1, 2, 3], { maxTokens: 2, eosTokenIds: [] }))
     assert.equal(after.tokens.length, 2)
+    model.dispose()
+  })
+
+  // Node forks to spawn; before a fork the engine gets out of MLX (OpenBLAS's fork handler would
+  // hang a BLAS call). Inside a prefill step of ~10 s (1500 tokens, f32, MLX's CPU backend) it
+  // pauses at the next layer, so the spawn waits for one layer, and the generation goes on as if
+  // nothing happened.
+  test('a process spawned during a long prefill step waits for one layer; tokens unchanged', { timeout: 180_000 }, async () => {
+    const model = await mlx.loadModel(fixture('smollm2-f32'))
+    const prompt = Array.from({ length: 1500 }, (_, i) => (i * 7919 + 13) % 49152)
+    const run = async (spawnAfterMs) => {
+      const gen = mlx.generate(model, prompt, { maxTokens: 4, eosTokenIds: [], topLogprobs: 2 })
+      let blocked = null
+      const spawned = spawnAfterMs === null ? null : new Promise((resolve) => setTimeout(() => {
+        const t0 = Date.now()
+        spawnSync('true')
+        blocked = Date.now() - t0
+        resolve()
+      }, spawnAfterMs))
+      const steps = []
+      for await (const t of gen) steps.push(t)
+      await spawned
+      return { steps, blocked }
+    }
+    const quiet = await run(null)
+    const forked = await run(2000)
+    if (process.platform === 'linux') assert.ok(forked.blocked < 4000, `the spawn waited ${forked.blocked} ms`)
+    assert.equal(forked.steps.length, 4)
+    assert.deepEqual(forked.steps, quiet.steps)
     model.dispose()
   })
 })

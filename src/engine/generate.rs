@@ -17,7 +17,7 @@ use super::method::{MethodRun, Plan, Step as RunStep};
 use super::session::{MethodResult, Output};
 use crate::cache::{BatchKvCache, LayerCache};
 use crate::error::{Error, Result};
-use crate::mlx::gate;
+use crate::mlx::{backend, gate};
 use crate::model::LanguageModel;
 use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
@@ -146,7 +146,7 @@ impl Generation {
         let n = self.prefill_left().min(max.max(1));
         let chunk = &self.prompt[self.prefilled..self.prefilled + n];
         let check = || {
-            exiting()?;
+            between_parts()?;
             out.check_cancelled()
         };
         self.model.prefill(&ids(chunk), &mut self.caches, &check)?;
@@ -217,7 +217,7 @@ impl Generation {
             chosen.iter_mut().map(|g| g.caches.as_mut_slice()).collect();
         // The step ends early only when no row wants it any more.
         let check = || {
-            exiting()?;
+            between_parts()?;
             if outs.iter().any(|o| o.check_cancelled().is_ok()) {
                 Ok(())
             } else {
@@ -473,8 +473,10 @@ impl MethodRun for Generation {
     }
 }
 
-/// `EngineClosed` once the process is exiting (`mlx::gate`): a long step stops between its parts.
-fn exiting() -> Result<()> {
+/// Between the parts of a long step, with nothing of the step running in MLX: lets a pending
+/// fork go ahead, and ends the step with `EngineClosed` once the process exits (`mlx::gate`).
+fn between_parts() -> Result<()> {
+    gate::pause_point(backend::synchronize);
     if gate::is_closed() {
         Err(Error::EngineClosed)
     } else {

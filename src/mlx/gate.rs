@@ -11,7 +11,7 @@
 //! The gate also makes `fork()` safe (Node's `child_process`). OpenBLAS's fork handler stops its
 //! worker threads; if MLX's worker is inside a threaded BLAS call at that moment, the call waits
 //! for them forever and the engine hangs. So before a fork the engine drains its streams and
-//! waits outside MLX until the fork is done.
+//! waits outside MLX until the fork is done: between steps, or between the parts of a long step.
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, TryLockError};
@@ -25,7 +25,9 @@ static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 static QUIESCED: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
 /// Set from just before a fork until just after it.
 static FORKING: AtomicBool = AtomicBool::new(false);
-/// Signalled when the engine has drained its streams for a fork, and when the fork is done.
+/// Set while the engine waits inside a long step, outside MLX, for a fork to end.
+static PAUSED: AtomicBool = AtomicBool::new(false);
+/// Signalled when the engine has drained its streams or paused for a fork, and when the fork is done.
 static FORK: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 /// Set once the closer holds the gate.
 static HELD: AtomicBool = AtomicBool::new(false);
@@ -114,6 +116,21 @@ pub fn park_engine(sync: impl FnOnce()) -> ! {
     }
 }
 
+/// For the engine between the parts of a long step (a prefill's layers): when a fork is about to
+/// happen, waits for its own MLX work (`sync`) and lets the fork go ahead while it keeps the
+/// gate, so a spawn waits for one part instead of the whole step.
+pub fn pause_point(sync: impl Fn()) {
+    if !FORKING.load(Ordering::Acquire) {
+        return;
+    }
+    sync();
+    let (lock, cv) = &FORK;
+    let held = lock.lock().unwrap_or_else(|e| e.into_inner());
+    PAUSED.store(true, Ordering::Release);
+    cv.notify_all();
+    drop(cv.wait_while(held, |_| FORKING.load(Ordering::Acquire)));
+}
+
 thread_local! {
     /// The gate, held by the forking thread across `fork()`.
     static FORK_HOLD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
@@ -126,7 +143,10 @@ extern "C" fn before_fork() {
         return;
     }
     FORKING.store(true, Ordering::Release);
-    let mut guard = GATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut guard) = gate_or_pause() else {
+        // The engine holds the gate, paused outside MLX until the fork is done.
+        return;
+    };
     if IN_FLIGHT.load(Ordering::Acquire) {
         // The engine drains its streams at its next `enter`, which needs the gate.
         drop(guard);
@@ -138,9 +158,27 @@ extern "C" fn before_fork() {
     FORK_HOLD.with(|h| *h.borrow_mut() = Some(guard));
 }
 
+/// The gate once the engine is between steps, or `None` once it has paused inside a long one.
+fn gate_or_pause() -> Option<MutexGuard<'static, ()>> {
+    let (lock, cv) = &FORK;
+    let mut held = lock.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        match GATE.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) if PAUSED.load(Ordering::Acquire) => return None,
+            Err(TryLockError::WouldBlock) => {}
+        }
+        // The engine signals a pause, but not the end of a step: the lock is polled.
+        held = cv.wait_timeout(held, Duration::from_millis(2)).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
 /// `pthread_atfork` parent and child: release the gate and let the engine go on.
 extern "C" fn after_fork() {
     FORK_HOLD.with(|h| h.borrow_mut().take());
+    // Cleared here, not by the engine, so that a next fork never sees a stale pause.
+    PAUSED.store(false, Ordering::Release);
     FORKING.store(false, Ordering::Release);
     let (lock, cv) = &FORK;
     let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
