@@ -438,6 +438,12 @@ impl Attention {
         Ok((q, k, v))
     }
 
+    /// `project` for independent rows, q and k rotated at each row's own offset.
+    fn project_rows(&self, x: &Array, offsets: &Array) -> Result<(Array, Array, Array)> {
+        let (q, k, v) = self.project(x)?;
+        Ok((self.rope.forward_rows(&q, offsets)?, self.rope.forward_rows(&k, offsets)?, v))
+    }
+
     /// Cache update, then attention, for one sequence whose q and k carry their positions.
     fn attend(&self, q: &Array, k: Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (k, v) = cache.update_and_fetch(k, v)?;
@@ -462,11 +468,8 @@ impl Attention {
     /// different lengths): projections run batched, attention row by row.
     pub fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, k, v) = self.project(x)?;
         let offsets: Vec<i32> = caches.iter().map(|c| c.offset() as i32).collect();
-        let offsets = Array::from_slice(&offsets, &[b]);
-        let q = self.rope.forward_rows(&q, &offsets)?;
-        let k = self.rope.forward_rows(&k, &offsets)?;
+        let (q, k, v) = self.project_rows(x, &Array::from_slice(&offsets, &[b]))?;
         let rows = (0..b)
             .zip(caches.iter_mut())
             .zip(masks)
@@ -484,9 +487,7 @@ impl Attention {
     /// while the batch is narrow enough to stay exact, the attention run for all rows at once.
     pub fn forward_stacked(&self, x: &Array, cache: &mut BatchKvCache, layer: usize, step: &StackedStep) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, k, v) = self.project(x)?;
-        let q = self.rope.forward_rows(&q, &step.offsets)?;
-        let k = self.rope.forward_rows(&k, &step.offsets)?;
+        let (q, k, v) = self.project_rows(x, &step.offsets)?;
         let (k, v) = cache.update_and_fetch(layer, k, v)?;
         let o = match &step.rows {
             None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, step.mask.sdpa(), None)?,
