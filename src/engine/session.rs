@@ -586,6 +586,13 @@ pub struct Output<'a> {
     session: &'a Session,
 }
 
+fn unless_cancelled(reason: Option<CancelReason>) -> Result<()> {
+    match reason {
+        Some(r) => Err(Error::Cancelled(r.as_str())),
+        None => Ok(()),
+    }
+}
+
 impl Output<'_> {
     /// The consumer asked for no more output (callback returned `false`, or threw).
     pub fn stopped(&self) -> bool {
@@ -594,16 +601,11 @@ impl Output<'_> {
 
     /// `Cancelled` once the session is cancelled: a long step asks between its parts.
     pub fn check_cancelled(&self) -> Result<()> {
-        match self.session.lock().cancelled {
-            Some(r) => Err(Error::Cancelled(r.as_str())),
-            None => Ok(()),
-        }
+        unless_cancelled(self.session.cancelled())
     }
 
     fn check_live(&self, s: &Inner) -> Result<()> {
-        if let Some(r) = s.cancelled {
-            return Err(Error::Cancelled(r.as_str()));
-        }
+        unless_cancelled(s.cancelled)?;
         if s.state != SessionState::Running {
             return Err(Error::Protocol("publication outside method execution".into()));
         }

@@ -4,8 +4,9 @@
 //! left running on MLX's streams (decode is pipelined), and keeps MLX untouched for the rest of the
 //! process. Closing is idempotent: a second lock attempt would hang the exit.
 //!
-//! The wait is bounded: one step can be a prefill chunk of minutes on a CPU, and an exit must not
-//! hang that long. Past the bound, an exit on glibc ends the process with `_exit(status)`, which
+//! The wait is bounded: a prefill stops at its next layer once the gate is closed, but one layer
+//! (or a step that is not layered, such as a model load) can take seconds on a CPU, and an exit
+//! must not hang that long. Past the bound, an exit on glibc ends the process with `_exit(status)`, which
 //! skips the static destructors that would race the running step; elsewhere the exit goes on.
 //!
 //! The gate also makes `fork()` safe (Node's `child_process`). OpenBLAS's fork handler stops its
@@ -33,8 +34,8 @@ static FORK: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 static HELD: AtomicBool = AtomicBool::new(false);
 /// Until when closing waits for the engine, fixed by the first close.
 static DEADLINE: OnceLock<Instant> = OnceLock::new();
-/// How long an exit waits for in-flight MLX work (one decode step takes milliseconds, a prefill
-/// chunk up to minutes on a CPU).
+/// How long an exit waits for in-flight MLX work (one decode step takes milliseconds, one layer
+/// of a long prefill chunk up to seconds on a CPU).
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Enters the gate; `None` once it is closed, after which the caller must not touch MLX again.
