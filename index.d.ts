@@ -14,6 +14,9 @@ export type ErrorCode =
   | 'TEMPLATE_ERROR'
   | 'DOWNLOAD_FAILED'
   | 'ENGINE_CLOSED'
+  | 'ENGINE_DEAD'
+  | 'INTERNAL_ERROR'
+  | 'UNSUPPORTED_OPTION'
   | 'MODEL_DISPOSED'
   | 'MLX_ERROR'
   | 'IO_ERROR'
@@ -114,7 +117,7 @@ export interface GenerateOptions {
   eosTokenIds?: number[]
   /** 0 (default) = greedy argmax. */
   temperature?: number
-  /** Nucleus mass in (0, 1]. Default 1 (off). */
+  /** Nucleus mass in [0, 1]; 0 (default, as in mlx-bun) and 1 = off. */
   topP?: number
   /** 0 (default) = off. */
   topK?: number
@@ -306,6 +309,8 @@ export interface ScriptStep {
   progress?: { completed: number; total?: number }
   /** The method fails with this message. */
   fail?: string
+  /** The method panics with this message: a bug inside the engine, which fails this session alone with `INTERNAL_ERROR`. */
+  panic?: string
   /** Runs this step this many times. Default 1. */
   repeat?: number
 }
@@ -320,6 +325,8 @@ export const testing: {
   liveSessions(): number
   /** Units that advanced several sessions in one graph since the process started: decode steps (`steps`, with the session steps inside them, `rows`) and prefill chunks (`prefillSteps`, `prefillRows`). */
   batchCounts(): { steps: number; rows: number; prefillSteps: number; prefillRows: number }
+  /** Panics inside a synchronous binding: throws `INTERNAL_ERROR`, the process lives on. */
+  panicInBinding(message: string): never
 }
 
 /** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */

@@ -39,6 +39,9 @@ function mapError(e) {
       e.message = m[2]
     } else if (NAPI_ARG.has(e.code)) {
       e.code = 'INVALID_OPTION'
+    } else if (e.code === 'GenericFailure') {
+      // A panic inside a binding (napi's catch_unwind): a bug, thrown instead of aborting.
+      e.code = 'INTERNAL_ERROR'
     }
   }
   return e
@@ -46,6 +49,63 @@ function mapError(e) {
 
 function coded(code, message) {
   return Object.assign(new Error(message), { code })
+}
+
+// Every option object is checked by key: nothing a caller writes is silently ignored. Options of
+// mlx-bun's API that this engine does not implement yet are refused by name (UNSUPPORTED_OPTION);
+// any other unknown key is INVALID_OPTION, naming the known key it most resembles.
+const GENERATE_KEYS = ['maxTokens', 'prefillChunkSize', 'eosTokenIds', 'temperature', 'topP', 'topK', 'minP', 'minTokensToKeep',
+  'repetitionPenalty', 'repetitionContextSize', 'presencePenalty', 'presenceContextSize', 'frequencyPenalty', 'frequencyContextSize',
+  'logitBias', 'seed', 'logprobs', 'topLogprobs']
+const OPTION_KEYS = {
+  generate: new Set([...GENERATE_KEYS, 'signal']),
+  request: new Set([...GENERATE_KEYS, 'promptTokens', 'messages', 'chat']),
+  control: new Set(['output', 'onTokens', 'signal']),
+  chat: new Set(['addGenerationPrompt', 'tools', 'enableThinking', 'extra']),
+  engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
+    'maxIterationTokens', 'maxPreparationTokens', 'tokenizer', 'chatTemplate']),
+  load: new Set(['f32Matmuls']),
+}
+const NOT_YET = {
+  cache: 'caller-owned KV caches',
+  kvBits: 'quantized KV caches',
+  kvGroupSize: 'quantized KV caches',
+  quantizedKvStart: 'quantized KV caches',
+  kvConfig: 'quantized KV caches',
+  xtcProbability: 'XTC sampling',
+  xtcThreshold: 'XTC sampling',
+  adapters: 'LoRA adapters',
+  promptEmbeddings: 'vision inputs',
+  imageMask: 'vision inputs',
+  visionPixels: 'vision inputs',
+}
+const NOT_YET_IN = new Set(['generate', 'request'])
+
+/** Edit distance, for "did you mean". */
+function distance(a, b) {
+  a = a.toLowerCase()
+  b = b.toLowerCase()
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i]
+    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j] + 1, next[j - 1] + 1, row[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1))
+    row = next
+  }
+  return row[b.length]
+}
+
+/** Throws for the first key of `obj` that the `kind` of options does not have (undefined values count as absent). */
+function checkKeys(kind, obj) {
+  const known = OPTION_KEYS[kind]
+  for (const key of Object.keys(obj)) {
+    if (known.has(key) || obj[key] === undefined) continue
+    if (NOT_YET_IN.has(kind) && Object.hasOwn(NOT_YET, key)) {
+      throw coded('UNSUPPORTED_OPTION', `${key}: ${NOT_YET[key]} are not supported by this engine yet`)
+    }
+    let near = null
+    for (const k of known) if (distance(key, k) <= Math.max(2, Math.floor(k.length / 4)) && (near === null || distance(key, k) < distance(key, near))) near = k
+    throw coded('INVALID_OPTION', `${key}: not a ${kind} option${near ? ` (did you mean '${near}'?)` : ''}`)
+  }
 }
 
 function wrap(fn) {
@@ -244,7 +304,10 @@ class InferenceEngine {
   open(request, control = {}) {
     if (request === null || typeof request !== 'object') throw coded('INVALID_OPTION', 'request: must be an object')
     if (control === null || typeof control !== 'object') throw coded('INVALID_OPTION', 'control: must be an object')
-    const { promptTokens, messages, chat, signal: _ignored, ...options } = request
+    checkKeys('request', request)
+    checkKeys('control', control)
+    if (request.chat != null && typeof request.chat === 'object') checkKeys('chat', request.chat)
+    const { promptTokens, messages, chat, ...options } = request
     const { output = 'stream', onTokens, signal } = control
     if (typeof output !== 'string') throw coded('INVALID_OPTION', `output: must be 'stream', 'collect' or 'callback'`)
     if (onTokens !== undefined && typeof onTokens !== 'function') throw coded('INVALID_OPTION', 'onTokens: must be a function')
@@ -256,6 +319,7 @@ class InferenceEngine {
   }
 
   close() {
+    this.#native.markClosed()
     return this.#native.close()
   }
 
@@ -278,6 +342,7 @@ function jsonSafe(v) {
 
 function engineOptions(options) {
   if (options === null || typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
+  checkKeys('engine', options)
   const { tokenizer, chatTemplate, ...rest } = options
   return [jsonSafe(rest), tokenizer ?? null, chatTemplate ?? null]
 }
@@ -295,6 +360,8 @@ const testing = {
     return new InferenceEngine(wrap(native.createScriptedEngineNative)(jsonSafe(script), rest))
   },
   liveSessions: () => native.liveSessionsNative(),
+  /** Panics inside a synchronous binding (for the panic-isolation tests). */
+  panicInBinding: wrap((message) => native.panicNative(message)),
   batchCounts: () => native.batchCountsNative(),
 }
 
@@ -376,9 +443,18 @@ class Generation {
  * throw here, synchronously, with `err.code === 'INVALID_OPTION'`.
  */
 function generate(model, promptTokens, options = {}) {
-  const { signal, ...rest } = options ?? {}
+  if (options === null || typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
+  checkKeys('generate', options)
+  const { signal, ...rest } = options
   const session = generateEngine(model).open({ ...rest, promptTokens }, signal ? { signal } : {})
   return new Generation(session)
+}
+
+function loadOptions(options) {
+  if (options === undefined || options === null) return options
+  if (typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
+  checkKeys('load', options)
+  return options
 }
 
 /** mlx-bun 0.5's placement policy; the result is frozen, as in mlx-bun. */
@@ -395,8 +471,8 @@ module.exports = {
   GenerationSession,
   testing,
   loadModelConfig: wrap(native.loadModelConfig),
-  loadModel: wrap(native.loadModel),
-  createModel: wrap(native.createModel),
+  loadModel: wrap(async (path, options) => native.loadModel(path, loadOptions(options))),
+  createModel: wrap(async (weights, config, options) => native.createModel(weights, config, loadOptions(options))),
   loadTokenizer: wrap(native.loadTokenizerNative),
   pullDefaultModel: wrap(native.pullDefaultModel),
   defaultModelPath: native.defaultModelPath,

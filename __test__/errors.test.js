@@ -101,7 +101,8 @@ describe('bad input', () => {
 
   const badOptions = [
     [{ temperature: -0.5 }, /temperature/],
-    [{ topP: 0 }, /topP/],
+    [{ topP: -0.1 }, /topP/],
+    [{ minTokensToKeep: 1e9 }, /minTokensToKeep.*vocabulary/],
     [{ topP: 1.2 }, /topP/],
     [{ maxTokens: 0 }, /maxTokens/],
     [{ maxTokens: -3 }, /maxTokens/],

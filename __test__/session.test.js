@@ -1235,7 +1235,7 @@ describe('sessions over a tiny random llama', () => {
   })
 
   test('invalid generation options throw INVALID_OPTION synchronously at open', async () => {
-    for (const bad of [{ maxTokens: -1 }, { maxTokens: 2.5 }, { temperature: 'x' }, { temperature: -0.5 }, { topP: 0 }, { topLogprobs: 99 }]) {
+    for (const bad of [{ maxTokens: -1 }, { maxTokens: 2.5 }, { temperature: 'x' }, { temperature: -0.5 }, { topP: -0.1 }, { topLogprobs: 99 }]) {
       for (const output of ['stream', 'collect']) {
         assert.throws(() => engine.open({ promptTokens: PROMPT, ...bad }, { output }), hasCode('INVALID_OPTION'), show(bad))
       }

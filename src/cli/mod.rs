@@ -42,7 +42,8 @@ enum Command {
         max_tokens: u32,
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
-        #[arg(long, default_value_t = 1.0)]
+        /// Nucleus mass; 0 (default) and 1 = off.
+        #[arg(long, default_value_t = 0.0)]
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         top_k: u32,
@@ -83,8 +84,9 @@ enum Command {
     },
 }
 
-/// Which dense matrices are held in f32 for matmuls (`F32Matmuls`): auto = those stored in f32
-/// on MLX's CPU backend (exact); all = bf16/f16 too (faster on the CPU, may change tokens).
+/// Which dense matrices are held in f32 for matmuls (`F32Matmuls`): auto and none = every matrix
+/// as stored (mlx-lm's numbers); all = every one transposed in f32 (faster on the CPU, may change
+/// tokens).
 #[derive(Clone, Copy, ValueEnum)]
 enum F32MatmulsArg {
     Auto,
@@ -177,7 +179,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
     opts.eos_token_ids = Some(eos);
     let vocab_size = config.vocab_size;
-    let model = Engine::get().load(weights, config).blocking_recv().map_err(|_| Error::EngineClosed)??;
+    let model = Engine::get().load(weights, config).blocking_recv().map_err(|_| Error::EngineDead)??;
     let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
     let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&tokenizer, true);
@@ -217,7 +219,7 @@ pub fn convert_model(path: &Path, out: &Path, opts: ConvertOptions) -> Result<()
     let (tensors, raw) = Engine::get()
         .run(move || convert::convert(&weights, &config, &opts))
         .blocking_recv()
-        .map_err(|_| Error::EngineClosed)??;
+        .map_err(|_| Error::EngineDead)??;
     convert::write_weights(out, &tensors, &raw)?;
     tokenizer.save_dir(out, template.as_ref().map(ChatTemplate::source))
 }

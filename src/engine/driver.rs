@@ -9,7 +9,7 @@ use super::inference::{placed_continuous, InferenceEngine, Lease, MethodSpec, Re
 use super::method::{MethodRun, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 use crate::model::LanguageModel;
 
 /// Largest integer an f64 (a JavaScript number) holds exactly.
@@ -142,12 +142,27 @@ impl Driver {
     }
 
     /// One unit of this session's own work: creating its run, or one step of it.
+    /// A panic inside it fails this session alone (`INTERNAL_ERROR`), released as after an error.
     pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) {
-        let step = match self.run.as_mut() {
+        let step = catch_panic(|| match self.run.as_mut() {
             None => self.prepare(model).map(|()| Step::Continue),
             Some(run) => run.step(&mut self.session.output()),
-        };
+        });
         self.conclude(step);
+    }
+
+    /// Ends the session with `error` at once, dropping what it held without running its
+    /// releases: after a panic inside a unit this session took part in, its run may be half
+    /// updated, and closing it could fail the same way.
+    pub fn fail(&mut self, error: Error) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        self.run = None;
+        self.reservation = None;
+        self.lease = None;
+        self.session.finish(Err(error), Ok(()), None);
     }
 
     /// The generation this session runs, once its run exists.
@@ -247,5 +262,13 @@ impl Driver {
         ];
         let cleanup = dispose_all(releases);
         self.session.finish(result, cleanup, metrics);
+    }
+}
+
+/// A session whose driver goes away unsettled would wait forever: that happens only when the
+/// engine thread ends (see `thread::EngineLoop`), so it ends with `ENGINE_DEAD`.
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.fail(Error::EngineDead);
     }
 }

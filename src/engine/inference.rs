@@ -237,10 +237,15 @@ impl InferenceEngine {
         Ok(session)
     }
 
+    /// Later `open` calls fail with `ENGINE_CLOSED`, from this moment on (`close` does the rest).
+    pub fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
     /// Cancels every session with `engine_closed`; later `open` calls fail. Returns the sessions
     /// still alive, so callers can wait for their outcomes.
     pub fn close(&self) -> Vec<Arc<Session>> {
-        self.closed.store(true, Ordering::Release);
+        self.mark_closed();
         let sessions: Vec<Arc<Session>> = self
             .sessions
             .lock()

@@ -62,6 +62,9 @@ pub struct ScriptStep {
     pub progress: Option<ScriptProgress>,
     /// The method fails with this message.
     pub fail: Option<String>,
+    /// The method panics with this message: a bug inside a unit of engine work, for the tests of
+    /// panic isolation.
+    pub panic: Option<String>,
     pub repeat: Option<u32>,
 }
 
@@ -136,6 +139,9 @@ impl MethodRun for ScriptRun {
         }
         if let Some(message) = &step.fail {
             return Err(Error::Protocol(message.clone()));
+        }
+        if let Some(message) = &step.panic {
+            panic!("{message}");
         }
         self.repeat += 1;
         if self.repeat >= step.repeat.unwrap_or(1) {

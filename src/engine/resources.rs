@@ -2,13 +2,14 @@
 //! exactly once, in order, even after earlier ones fail. Ownership itself is Rust's: a resource
 //! is released when its owner drops it or hands it to one of these releases, and moving it
 //! elsewhere is the seed's `transfer`.
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 
 pub type Release<'a> = Box<dyn FnOnce() -> Result<()> + 'a>;
 
-/// Runs every release; one failure is returned as is, several as `Error::Aggregate`.
+/// Runs every release; one failure is returned as is, several as `Error::Aggregate`. A release
+/// that panics fails as `INTERNAL_ERROR` and the others still run.
 pub fn dispose_all(releases: Vec<Release<'_>>) -> Result<()> {
-    let mut errors: Vec<Error> = releases.into_iter().filter_map(|r| r().err()).collect();
+    let mut errors: Vec<Error> = releases.into_iter().filter_map(|r| catch_panic(r).err()).collect();
     match errors.len() {
         0 => Ok(()),
         1 => Err(errors.remove(0)),

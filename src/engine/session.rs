@@ -58,7 +58,7 @@ pub enum SessionState {
 pub enum OutputMode {
     /// Events through `next_batch`; starts on the first read; idle consumers are cancelled.
     Stream,
-    /// Tokens into a buffer reserved for the planned limit, returned with the outcome.
+    /// Tokens into a buffer (within the engine's maxCollectTokens budget), returned with the outcome.
     Collect,
     /// Like a stream read by the binding, which hands each batch to a user callback.
     Callback,
@@ -493,12 +493,13 @@ impl Session {
         self.lock().cancelled
     }
 
-    /// Fixes the output limit; collect mode gets its buffer.
+    /// Fixes the output limit; collect mode gets its buffer, which grows as tokens arrive: the
+    /// limit is a caller's number (up to `maxTokens`), never an allocation size.
     pub fn begin_output(&self, limit: u64) {
         let mut s = self.lock();
         s.limit = limit;
         if self.mode == OutputMode::Collect {
-            s.buffer = Some(Vec::with_capacity(limit as usize));
+            s.buffer = Some(Vec::new());
         }
         s.state = SessionState::Running;
     }
@@ -719,6 +720,16 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn collect_buffers_grow_with_their_tokens_not_the_planned_limit() {
+        let s = session(OutputMode::Collect, limits(8, 64));
+        // A limit of u32::MAX tokens (a caller's maxTokens) once reserved 16 GB here.
+        s.begin_output(u64::from(u32::MAX));
+        assert_eq!(s.lock().buffer.as_ref().map(Vec::capacity), Some(0));
+        s.output().commit(&[1, 2, 3], None).unwrap();
+        assert!(s.lock().buffer.as_ref().is_some_and(|b| b.len() == 3 && b.capacity() < 1024));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use tokio::sync::oneshot;
 
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 
 trait Pending {
     fn run(self: Box<Self>);
@@ -21,7 +21,8 @@ struct Task<T, F> {
 
 impl<T, F: FnOnce() -> Result<T>> Pending for Task<T, F> {
     fn run(self: Box<Self>) {
-        let _ = self.reply.send((self.work)());
+        // A panic fails this task alone (`INTERNAL_ERROR`); the thread goes on with the next.
+        let _ = self.reply.send(catch_panic(self.work));
     }
 
     fn cancelled(&self) -> bool {
@@ -129,6 +130,20 @@ mod tests {
         assert_eq!(tasks.pending(), 1);
         tasks.advance();
         assert_eq!(*ran.borrow(), 0);
+        assert_eq!(rx2.try_recv().unwrap().unwrap(), 7);
+    }
+
+    #[test]
+    fn a_panicking_task_fails_alone_with_internal_error() {
+        let mut tasks = ExecutionTasks::default();
+        let (tx, mut rx) = oneshot::channel::<Result<u32>>();
+        tasks.enqueue(|| panic!("boom in a task"), tx);
+        let (tx2, mut rx2) = oneshot::channel();
+        tasks.enqueue(|| Ok(7u32), tx2);
+        tasks.advance();
+        let e = rx.try_recv().unwrap().unwrap_err();
+        assert_eq!((e.code(), e.to_string().as_str()), ("INTERNAL_ERROR", "internal error: boom in a task"));
+        tasks.advance();
         assert_eq!(rx2.try_recv().unwrap().unwrap(), 7);
     }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 use mlx_rs::Array;
 use tokio::sync::oneshot;
 
-use super::driver::Driver;
+use super::driver::{Driver, Phase};
 pub use super::group::ModelId;
 use super::group::{lookup, Group, Models};
 use super::inference::{InferenceEngine, MethodSpec};
@@ -66,14 +66,21 @@ impl Engine {
             let (tx, rx) = channel();
             std::thread::Builder::new()
                 .name("mlx-bun-engine".into())
-                .spawn(move || EngineLoop::new(rx).run())
+                .spawn(move || {
+                    let mut engine = EngineLoop::new(rx);
+                    // Units contain their own panics (`tick`); one that escapes them ends the
+                    // loop, and then nothing may wait forever: every session and reply fails.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.run()));
+                    engine.die();
+                })
                 .expect("spawning the engine thread");
             Engine { tx }
         })
     }
 
+    /// Fails only once the engine thread has ended.
     fn send(&self, cmd: Command) -> Result<()> {
-        self.tx.send(cmd).map_err(|_| Error::EngineClosed)
+        self.tx.send(cmd).map_err(|_| Error::EngineDead)
     }
 
     pub fn load(
@@ -132,7 +139,7 @@ impl Engine {
         });
         if self.send(Command::Run(job)).is_err() {
             let (tx, rx2) = oneshot::channel();
-            let _ = tx.send(Err(Error::EngineClosed));
+            let _ = tx.send(Err(Error::EngineDead));
             return rx2;
         }
         rx
@@ -184,7 +191,7 @@ impl EngineLoop {
         }
     }
 
-    fn run(mut self) {
+    fn run(&mut self) {
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -230,13 +237,23 @@ impl EngineLoop {
 
     /// Ticks every group once. Returns whether any ran something. Engine groups that have
     /// closed, or gone idle with no sessions left, are dropped (a new session makes a new one).
+    /// A panic inside a group's tick fails the sessions that unit may have touched (see
+    /// `contain_panic`) and the thread goes on with every other group.
     fn tick(&mut self) -> bool {
         let mut worked = false;
         let mut i = 0;
         while i < self.groups.len() {
             let (scheduler, group) = &mut self.groups[i];
             group.worked = false;
-            let tick = scheduler.tick(group, &self.clock);
+            let tick = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scheduler.tick(group, &self.clock))) {
+                Ok(tick) => tick,
+                Err(payload) => {
+                    self.contain_panic(i, Error::from_panic(payload));
+                    worked = true;
+                    i += 1;
+                    continue;
+                }
+            };
             worked |= group.worked;
             let gone = group.engine.is_some()
                 && match tick {
@@ -251,6 +268,39 @@ impl EngineLoop {
             }
         }
         worked
+    }
+
+    /// After a panic inside group `i`'s tick: its admitted sessions (those a batched unit may have
+    /// stepped, whose runs may be half updated) fail with `error`; sessions still queued, and
+    /// the group's pending tasks, move to a fresh group and scheduler, so no state the panic
+    /// interrupted is used again.
+    fn contain_panic(&mut self, i: usize, error: Error) {
+        let (_, group) = &mut self.groups[i];
+        let mut fresh = Group::new(group.engine.clone(), self.models.clone());
+        fresh.tasks = std::mem::take(&mut group.tasks);
+        for mut d in std::mem::take(&mut group.drivers) {
+            match d.phase() {
+                Phase::Outside | Phase::Queued if !d.settled() => fresh.drivers.push(d),
+                _ => d.fail(error.replicate()),
+            }
+        }
+        self.groups[i] = (Scheduler::new(false), fresh);
+    }
+
+    /// The loop has ended (a panic outside every unit): fails every session and reply that
+    /// would otherwise wait forever, with `ENGINE_DEAD`. Commands still queued are dropped the
+    /// same way; later calls fail to send.
+    fn die(mut self) {
+        for (_, group) in &mut self.groups {
+            group.tasks.reject_all(|| Error::EngineDead);
+            group.drivers.clear();
+        }
+        while let Ok(cmd) = self.rx.try_recv() {
+            if let Command::Open { engine, session, .. } = cmd {
+                engine.arrived();
+                session.finish(Err(Error::EngineDead), Ok(()), None);
+            }
+        }
     }
 
     /// Waits for evaluations still running on this thread's stream before going idle, so an exit
@@ -350,4 +400,45 @@ fn last_logits(model: &dyn LanguageModel, prompt: &[u32]) -> Result<Vec<f32>> {
     use mlx_rs::ops::indexing::IndexOp;
     let logits = model.logits(&hidden.index((.., -1.., ..)))?;
     host::to_f32_vec(&logits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::inference::{EngineOptions, Source};
+    use crate::engine::method::Script;
+    use crate::engine::session::{DeliveryLimits, OutputMode, SessionHooks, Status};
+
+    struct NoHooks;
+    impl SessionHooks for NoHooks {
+        fn wake(&self) {}
+        fn terminal(&self) {}
+    }
+
+    #[test]
+    fn a_loop_that_ends_fails_every_session_and_reply_with_engine_dead() {
+        let (tx, rx) = channel();
+        let mut engine_loop = EngineLoop::new(rx);
+        let script = Script::from_json(serde_json::json!({"steps": [{"commit": [1]}]})).unwrap();
+        let engine = InferenceEngine::new(Source::Script(script.clone()), EngineOptions::default());
+        let limits = DeliveryLimits { idle_timeout: None, max_queued_events: 8, max_queued_tokens: 8, max_top_logprobs: 2 };
+        let session = || Arc::new(Session::new("s".into(), OutputMode::Collect, limits, Arc::new(NoHooks)));
+        // One session the loop holds, one still on its way in the channel, one pending task.
+        let held = session();
+        engine_loop.groups[0].1.drivers.push(Driver::new(engine.clone(), held.clone(), MethodSpec::Script(script.clone())));
+        let arriving = session();
+        tx.send(Command::Open { engine, session: arriving.clone(), spec: MethodSpec::Script(script) }).unwrap();
+        let (reply, mut task) = oneshot::channel::<Result<()>>();
+        engine_loop.groups[0].1.tasks.enqueue(|| Ok(()), reply);
+        engine_loop.die();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for s in [held, arriving] {
+            match rt.block_on(s.outcome()).status {
+                Status::Failed(f) => assert_eq!(f.cause, Some("ENGINE_DEAD")),
+                other => panic!("expected ENGINE_DEAD, got {other:?}"),
+            }
+        }
+        assert_eq!(task.try_recv().unwrap().unwrap_err().code(), "ENGINE_DEAD");
+        drop(tx);
+    }
 }

@@ -112,6 +112,18 @@ impl ModelConfig {
             ));
         }
         let head_dim = f.opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        // Sizes that the model code divides by, iterates over or makes caches of: zero is never
+        // a model, and reaching the code with it would divide by zero or build empty caches.
+        for (key, value) in [("num_hidden_layers", f.usize("num_hidden_layers")?), ("intermediate_size", f.usize("intermediate_size")?), ("vocab_size", f.usize("vocab_size")?), ("head_dim", head_dim)] {
+            if value == 0 {
+                return Err(Error::config(&source, format!("{key} must be > 0")));
+            }
+        }
+        for key in ["sliding_window", "sliding_window_pattern"] {
+            if f.opt_usize(key)? == Some(0) {
+                return Err(Error::config(&source, format!("{key} must be > 0")));
+            }
+        }
         let cfg = ModelConfig {
             architectures: raw
                 .get("architectures")
@@ -227,6 +239,18 @@ fn rope_scaling(raw: &Value, source: &Path) -> Result<Option<RopeScaling>> {
     }
 }
 
+/// MLX's affine quantization takes these bit widths and group sizes only; any other value would
+/// reach the weight shapes' arithmetic (a group size of 0 divides by zero).
+fn check_quant(source: &Path, at: &str, group_size: i32, bits: i32) -> Result<()> {
+    if ![2, 3, 4, 5, 6, 8].contains(&bits) {
+        return Err(Error::config(source, format!("{at}.bits is {bits}, not one of 2, 3, 4, 5, 6, 8")));
+    }
+    if ![32, 64, 128].contains(&group_size) {
+        return Err(Error::config(source, format!("{at}.group_size is {group_size}, not one of 32, 64, 128")));
+    }
+    Ok(())
+}
+
 fn quantization(raw: &Value, source: &Path) -> Result<Option<Quantization>> {
     let Some(q) = raw.get("quantization").or_else(|| raw.get("quantization_config")).filter(|v| !v.is_null())
     else {
@@ -242,6 +266,7 @@ fn quantization(raw: &Value, source: &Path) -> Result<Option<Quantization>> {
     let (Some(group_size), Some(bits)) = (get("group_size"), get("bits")) else {
         return Err(Error::config(source, "quantization needs group_size and bits"));
     };
+    check_quant(source, "quantization", group_size, bits)?;
     if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
         if mode != "affine" {
             return Err(Error::config(source, format!("quantization mode '{mode}' is not supported (only affine)")));
@@ -256,6 +281,7 @@ fn quantization(raw: &Value, source: &Path) -> Result<Option<Quantization>> {
             Value::Object(_) => {
                 let p: Params = serde_json::from_value(v.clone())
                     .map_err(|e| Error::config(source, format!("quantization.{k}: {e}")))?;
+                check_quant(source, &format!("quantization.{k}"), p.group_size, p.bits)?;
                 per_layer.insert(k.clone(), Some(QuantParams { group_size: p.group_size, bits: p.bits }));
             }
             _ => {}
@@ -287,6 +313,30 @@ mod tests {
         assert_eq!(c.tie_word_embeddings, Some(true));
         assert_eq!(c.rope_scaling, None);
         assert!(c.quantization.is_none());
+    }
+
+    #[test]
+    fn sizes_the_model_divides_by_must_be_positive() {
+        let set = |k: &str, v: Value| {
+            let mut c = smol();
+            c[k] = v;
+            ModelConfig::from_value(c, "x/config.json".into())
+        };
+        for key in ["num_hidden_layers", "intermediate_size", "vocab_size", "head_dim", "sliding_window", "sliding_window_pattern", "hidden_size", "num_attention_heads"] {
+            let e = set(key, json!(0)).unwrap_err();
+            assert_eq!(e.code(), "INVALID_CONFIG", "{key}");
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+        for (q, named) in [
+            (json!({"group_size": 0, "bits": 4}), "quantization.group_size is 0"),
+            (json!({"group_size": 64, "bits": 7}), "quantization.bits is 7"),
+            (json!({"group_size": 64, "bits": 4, "lm_head": {"group_size": 0, "bits": 4}}), "quantization.lm_head.group_size is 0"),
+        ] {
+            let e = set("quantization", q).unwrap_err();
+            assert_eq!(e.code(), "INVALID_CONFIG");
+            assert!(e.to_string().contains(named), "{e}");
+        }
+        assert!(set("sliding_window", json!(4096)).is_ok());
     }
 
     #[test]

@@ -38,6 +38,12 @@ enum Arch {
     Gemma3,
 }
 
+/// Bounds for the header's sizes, far above any published model's (widths of 16K, 128 heads,
+/// 126 layers), so that a corrupt header fails before it sizes anything.
+const MAX_WIDTH: u64 = 1 << 20;
+const MAX_HEADS: u64 = 1 << 12;
+const MAX_LAYERS: u64 = 1 << 12;
+
 /// How the tensors of a file are stored (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Storage {
@@ -47,7 +53,15 @@ enum Storage {
     Bf16,
 }
 
-pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
+/// The model's config.json as the header describes it: sizes from the metadata, and from the
+/// tensor table which matrices stay quantized and whether the output head is tied. Reads no
+/// tensor data, so it is cheap enough for any thread (`loadModelConfig`).
+pub fn config(g: &Gguf) -> Result<ModelConfig> {
+    let (_, _, raw) = layout(g)?;
+    ModelConfig::from_value(raw, g.path().to_path_buf())
+}
+
+fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
     let path = g.path().to_path_buf();
     let arch = match g.architecture() {
         Some("llama") => Arch::Llama,
@@ -60,11 +74,45 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
         Arch::Llama => llama_config(&Meta { g, path: &path, prefix: "llama" })?,
         Arch::Gemma3 => gemma3_config(&Meta { g, path: &path, prefix: "gemma3" })?,
     };
-    let cfg_heads = raw["num_attention_heads"].as_u64().unwrap_or(1) as usize;
-    let cfg_kv = raw["num_key_value_heads"].as_u64().unwrap_or(1) as usize;
+    let mut quant: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tied = true;
+    for t in &g.tensors {
+        let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
+        tied &= name != "lm_head.weight";
+        if let Some(bits) = repacked_bits(arch, storage, t) {
+            quant.insert(name.strip_suffix(".weight").unwrap_or(&name).to_owned(), bits);
+        }
+    }
+    raw["tie_word_embeddings"] = json!(tied);
+    if storage == Storage::Bf16 {
+        raw["torch_dtype"] = json!("bfloat16");
+    }
+    if let Some(q) = quantization_block(&quant) {
+        raw["quantization"] = q.clone();
+        raw["quantization_config"] = q;
+    }
+    Ok((arch, storage, raw))
+}
+
+/// Gemma's norms are stored shifted by one (`1 + w`) and are converted, never kept packed.
+fn norm_shift(arch: Arch, t: &TensorInfo) -> bool {
+    arch == Arch::Gemma3 && t.name.ends_with("norm.weight")
+}
+
+/// The bit width `t` keeps as an MLX-quantized tensor, if it is repacked rather than converted.
+fn repacked_bits(arch: Arch, storage: Storage, t: &TensorInfo) -> Option<usize> {
+    let repackable = matches!(t.kind, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+    (storage == Storage::Repack && repackable && !norm_shift(arch, t)).then_some(if t.kind == GgmlType::Q8_0 { 8 } else { 4 })
+}
+
+pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
+    let path = g.path().to_path_buf();
+    let (arch, storage, raw) = layout(g)?;
+    // The header's numbers are checked before any tensor is converted with them.
+    let config = ModelConfig::from_value(raw, path.clone())?;
+    let (cfg_heads, cfg_kv) = (config.num_attention_heads, config.num_key_value_heads);
 
     let mut tensors = BTreeMap::new();
-    let mut quant: BTreeMap<String, usize> = BTreeMap::new();
     for t in &g.tensors {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         // llama.cpp permutes q/k rows for llama only.
@@ -73,23 +121,20 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             Arch::Llama if t.name.ends_with("attn_k.weight") => Some(cfg_kv),
             _ => None,
         };
-        let norm_shift = arch == Arch::Gemma3 && t.name.ends_with("norm.weight");
+        let norm_shift = norm_shift(arch, t);
         let (rows, cols) = matrix_dims(t)?;
         let data = g.tensor_data(t)?;
         let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-        let repackable = matches!(t.kind, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
-        if storage == Storage::Repack && repackable && !norm_shift {
-            let bits = if t.kind == GgmlType::Q8_0 { 8 } else { 4 };
+        if let Some(bits) = repacked_bits(arch, storage, t) {
             let (w, s, b) = repack(t, data, rows, cols)?;
             let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
             let (w, s, b) = match heads {
-                Some(h) => (unpermute_rows(&w, rows, h), unpermute_rows(&s, rows, h), unpermute_rows(&b, rows, h)),
+                Some(h) => (unpermute_rows(&t.name, &w, rows, h)?, unpermute_rows(&t.name, &s, rows, h)?, unpermute_rows(&t.name, &b, rows, h)?),
                 None => (w, s, b),
             };
             tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, vec![rows, cols * bits / 32], w));
             tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], s));
             tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], b));
-            quant.insert(base, bits);
             continue;
         }
         let dtype = match (storage, t.kind) {
@@ -105,20 +150,11 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             dense(t, data, dtype, if norm_shift { 1.0 } else { 0.0 })?
         };
         let bytes = match heads {
-            Some(h) => unpermute_rows(&bytes, rows, h),
+            Some(h) => unpermute_rows(&t.name, &bytes, rows, h)?,
             None => bytes,
         };
         tensors.insert(name, Tensor::owned(dtype, shape, bytes));
     }
-    raw["tie_word_embeddings"] = json!(!tensors.contains_key("lm_head.weight"));
-    if storage == Storage::Bf16 {
-        raw["torch_dtype"] = json!("bfloat16");
-    }
-    if let Some(q) = quantization_block(&quant) {
-        raw["quantization"] = q.clone();
-        raw["quantization_config"] = q;
-    }
-    let config = ModelConfig::from_value(raw, path.clone())?;
     Ok((Weights::from_tensors(path, WeightFormat::Gguf, tensors), config))
 }
 
@@ -176,6 +212,14 @@ impl Meta<'_> {
     fn need(&self, k: &str) -> Result<u64> {
         self.u64(k).ok_or_else(|| Error::config(self.path, format!("GGUF is missing {}", self.key(k))))
     }
+    /// A size or count the config is built from: 1 to `max` (the file is untrusted; a zero
+    /// would divide by zero below, a huge value would allocate without bound).
+    fn count(&self, k: &str, max: u64) -> Result<u64> {
+        match self.need(k)? {
+            n @ 1.. if n <= max => Ok(n),
+            n => Err(Error::config(self.path, format!("{} is {n}, not between 1 and {max}", self.key(k)))),
+        }
+    }
     fn vocab_size(&self) -> Result<u64> {
         self.g
             .get_str_array("tokenizer.ggml.tokens")
@@ -202,14 +246,14 @@ impl Meta<'_> {
 
 /// The config.json of a llama-architecture GGUF, with HF key names.
 fn llama_config(m: &Meta) -> Result<Value> {
-    let hidden = m.need("embedding_length")?;
-    let heads = m.need("attention.head_count")?;
+    let hidden = m.count("embedding_length", MAX_WIDTH)?;
+    let heads = m.count("attention.head_count", MAX_HEADS)?;
     let mut cfg = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": hidden,
         "intermediate_size": m.need("feed_forward_length")?,
-        "num_hidden_layers": m.need("block_count")?,
+        "num_hidden_layers": m.count("block_count", MAX_LAYERS)?,
         "num_attention_heads": heads,
         "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
         "head_dim": m.u64("rope.dimension_count").unwrap_or(hidden / heads),
@@ -231,9 +275,9 @@ fn llama_config(m: &Meta) -> Result<Value> {
 /// The config.json of a gemma3 GGUF, as HF's `Gemma3ForCausalLM` (model_type `gemma3_text`)
 /// writes it, with the fields mlx-lm's gemma3_text reads.
 fn gemma3_config(m: &Meta) -> Result<Value> {
-    let hidden = m.need("embedding_length")?;
-    let heads = m.need("attention.head_count")?;
-    let layers = m.need("block_count")?;
+    let hidden = m.count("embedding_length", MAX_WIDTH)?;
+    let heads = m.count("attention.head_count", MAX_HEADS)?;
+    let layers = m.count("block_count", MAX_LAYERS)?;
     let head_dim = m.u64("attention.key_length").unwrap_or(hidden / heads);
     // As llama.cpp: queries are scaled by 1/sqrt(head_dim), except in the 27B model (62 layers),
     // which uses 1/sqrt(hidden / heads).
@@ -354,7 +398,11 @@ fn nibbles(qs: &[u8]) -> [u8; GROUP] {
 
 /// Undoes llama.cpp's interleaving of q/k rows for RoPE: within each head, row 2i+j moves to
 /// j·(head_dim/2)+i. Works on any row-major data (values, packed words, scales).
-fn unpermute_rows(data: &[u8], rows: usize, heads: usize) -> Vec<u8> {
+fn unpermute_rows(tensor: &str, data: &[u8], rows: usize, heads: usize) -> Result<Vec<u8>> {
+    // The file's shapes and head counts are untrusted: check before dividing or indexing.
+    if heads == 0 || rows == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 || data.len() % rows != 0 {
+        return Err(Error::tensor(tensor, format!("{rows} rows cannot be split into {heads} heads of an even size")));
+    }
     let row_bytes = data.len() / rows;
     let head_dim = rows / heads;
     let half = head_dim / 2;
@@ -368,7 +416,7 @@ fn unpermute_rows(data: &[u8], rows: usize, heads: usize) -> Vec<u8> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// `quantization` for config.json: the most common bit width is the default, others are overrides.
@@ -433,7 +481,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(unpermute_rows(&permuted, heads * hd, heads), original);
+        assert_eq!(unpermute_rows("t", &permuted, heads * hd, heads).unwrap(), original);
     }
 
     #[test]

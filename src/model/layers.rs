@@ -43,6 +43,10 @@ pub struct QuantWeight {
 
 impl QuantWeight {
     fn load(w: &Weights, path: &str, params: QuantParams, rows: usize, cols: usize) -> Result<Self> {
+        // `params` are checked (config.rs); the row length comes from the config and must fit them.
+        if cols % params.group_size as usize != 0 || (cols * params.bits as usize) % 32 != 0 {
+            return Err(Error::tensor(format!("{path}.weight"), format!("rows of {cols} cannot be quantized in groups of {} at {} bits", params.group_size, params.bits)));
+        }
         let packed = cols * params.bits as usize / 32;
         let groups = cols / params.group_size as usize;
         Ok(QuantWeight {
@@ -93,10 +97,10 @@ fn rows(a: &Array, r: &Option<Range<i32>>) -> Array {
 pub enum Dense {
     /// As stored; MLX multiplies by its transposed view.
     Native(Array),
-    /// Held transposed and contiguous, [in, out], in f32; `dtype` is the stored one, which
-    /// activations keep. On MLX's CPU backend f32 matmuls go through BLAS, bit for bit the same
-    /// on this layout and faster (the matrix is read row-major), while bf16/f16 use MLX's own
-    /// kernel, several times slower.
+    /// Held transposed and contiguous, [in, out], in f32 (`f32Matmuls: 'all'`); `dtype` is the
+    /// stored one, which activations keep. On MLX's CPU backend f32 matmuls go through BLAS,
+    /// while bf16/f16 use MLX's own kernel, several times slower; BLAS may round this layout
+    /// differently from the stored one, depending on the kernels it picks for the CPU.
     F32T { wt: Array, dtype: Dtype },
 }
 
@@ -104,12 +108,7 @@ impl Dense {
     fn load(w: &Weights, name: &str, rows: usize, cols: usize) -> Result<Self> {
         let weight = w.array_shaped(name, &[rows, cols])?;
         let dtype = weight.dtype();
-        let f32t = match w.f32_matmuls() {
-            F32Matmuls::None | F32Matmuls::Auto => false,
-            F32Matmuls::Exact => dtype == Dtype::Float32,
-            F32Matmuls::All => true,
-        };
-        if !f32t {
+        if w.f32_matmuls() != F32Matmuls::All {
             return Ok(Dense::Native(weight));
         }
         let wt = weight.as_dtype(Dtype::Float32)?.t().contiguous()?;

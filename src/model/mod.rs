@@ -21,7 +21,7 @@ use mlx_rs::Array;
 use crate::cache::{BatchKvCache, LayerCache};
 use crate::error::{Error, Result};
 use config::ModelConfig;
-use weights::{F32Matmuls, Weights};
+use weights::Weights;
 
 /// What the engine needs from an architecture.
 pub trait LanguageModel {
@@ -78,13 +78,16 @@ fn loader(config: &ModelConfig) -> Result<Loader> {
 /// Builds the architecture `config` names. Call on the engine thread only.
 pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
     let load = loader(&config)?;
-    let f32_matmuls = match weights.f32_matmuls() {
-        F32Matmuls::Auto if crate::mlx::backend::is_cpu() => F32Matmuls::Exact,
-        F32Matmuls::Auto => F32Matmuls::None,
-        chosen => chosen,
-    };
-    let weights = weights.with_f32_matmuls(f32_matmuls);
     Ok(Box::new(load(&weights, config)?))
+}
+
+/// The config of a model folder (`config.json`) or a `.gguf` file (its header only: no tensor is
+/// read or converted).
+pub fn open_config(path: &Path) -> Result<ModelConfig> {
+    if path.is_file() {
+        return gguf_weights::config(&gguf::Gguf::open(path)?);
+    }
+    ModelConfig::load(path)
 }
 
 /// Weights and config of a model folder (`config.json` + safetensors) or a `.gguf` file.

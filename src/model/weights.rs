@@ -124,15 +124,17 @@ pub enum WeightFormat {
 /// Which dense matrices are held transposed in f32 for their matmuls (`layers::Dense::F32T`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum F32Matmuls {
-    /// `Exact` on MLX's CPU backend, `None` elsewhere (decided when the model is built).
+    /// Every matrix as stored, as mlx-lm multiplies them. The transposed f32 layout is faster
+    /// through OpenBLAS on some CPUs, but whether it rounds exactly like the stored one depends on
+    /// the kernels OpenBLAS picks for the CPU at hand (bit for bit on one AMD EPYC, not on AVX-512
+    /// machines), so no default may rely on it.
     #[default]
     Auto,
-    /// Every matrix as stored.
+    /// Every matrix as stored (the same as `Auto` today).
     None,
-    /// Those stored in f32: on MLX's CPU backend bit for bit the same, and faster.
-    Exact,
-    /// bf16 and f16 ones too: several times faster on the CPU backend, at twice their memory, but
-    /// BLAS rounds a few outputs differently from MLX's bf16 kernel, which can change tokens.
+    /// Every dense matrix held transposed in f32: several times faster for bf16/f16 on the CPU
+    /// backend, at twice their memory, but BLAS rounds some outputs differently from MLX's bf16
+    /// kernel (and, on some CPUs, from the stored f32 layout), which can change tokens.
     All,
 }
 

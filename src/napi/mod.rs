@@ -21,7 +21,7 @@ pub(crate) fn js_error(e: Error) -> napi::Error {
 /// close the exit gate so MLX is idle while its statics are destroyed. Only the main thread's
 /// environment gets the hook: a worker thread's ends long before the process does, and closing
 /// the gate then would stall the engine for every other thread.
-#[napi_derive::napi]
+#[napi_derive::napi(catch_unwind)]
 pub fn install_exit_hook(env: napi::Env, is_main_thread: bool) -> napi::Result<()> {
     static HOOK: Once = Once::new();
     let mut result = Ok(());

@@ -1,6 +1,6 @@
 //! Model loading for JavaScript: `loadModelConfig`, `Weights`, `createModel`, `loadModel` and the
 //! `Model` handle. MLX work happens on the engine thread; these only parse, convert and forward.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use super::js_error;
 use crate::engine::{Engine, ModelId};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
-use crate::model::open_source;
+use crate::model::{open_config, open_source};
 use crate::model::weights::{F32Matmuls, Weights as CoreWeights};
 
 /// The config summary mlx-bun's `loadModelConfig` returns.
@@ -43,15 +43,9 @@ pub fn config_json(c: &ModelConfig) -> Value {
 }
 
 /// Reads a model's configuration from a folder's config.json or a GGUF file's metadata.
-#[napi]
+#[napi(catch_unwind)]
 pub fn load_model_config(path: String) -> napi::Result<Value> {
-    let path = PathBuf::from(path);
-    let config = if path.is_file() {
-        open_source(&path).map(|(_, c)| c)
-    } else {
-        ModelConfig::load(&path)
-    };
-    config.map(|c| config_json(&c)).map_err(js_error)
+    open_config(Path::new(&path)).map(|c| config_json(&c)).map_err(js_error)
 }
 
 #[napi(object)]
@@ -82,33 +76,33 @@ impl Weights {
 
 #[napi]
 impl Weights {
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn open(path: String) -> napi::Result<Weights> {
         open_source(Path::new(&path)).map(|w| Weights { inner: Some(w) }).map_err(js_error)
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn tensor_names(&self) -> napi::Result<Vec<String>> {
         Ok(self.get()?.0.names().map(str::to_owned).collect())
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn has(&self, name: String) -> napi::Result<bool> {
         Ok(self.get()?.0.has(&name))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn info(&self, name: String) -> napi::Result<Option<TensorInfo>> {
         Ok(self.get()?.0.get(&name).map(|t| TensorInfo { dtype: dtype_name(t.dtype), shape: shape(&t.shape) }))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn tensor(&self, name: String) -> napi::Result<TensorData> {
         let t = self.get()?.0.get(&name).ok_or_else(|| js_error(Error::tensor(&name, "not in these weights")))?;
         Ok(TensorData { dtype: dtype_name(t.dtype), shape: shape(&t.shape), data: Uint8Array::new(t.bytes().to_vec()) })
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn dispose(&mut self) {
         self.inner = None;
     }
@@ -134,7 +128,7 @@ async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> 
     let id = Engine::get()
         .load(weights, config.clone())
         .await
-        .map_err(|_| js_error(Error::EngineClosed))?
+        .map_err(|_| js_error(Error::EngineDead))?
         .map_err(js_error)?;
     Ok(Model { id, config, disposed: Arc::new(AtomicBool::new(false)) })
 }
@@ -176,7 +170,7 @@ pub async fn load_model(path: String, options: Option<LoadOptions>) -> napi::Res
 
 #[napi]
 impl Model {
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn config(&self) -> Value {
         config_json(&self.config)
     }
@@ -198,12 +192,12 @@ impl Model {
     pub async fn logits(&self, prompt: Either<Uint32Array, Vec<f64>>) -> napi::Result<Float32Array> {
         let id = self.live()?;
         let prompt = prompt_tokens(prompt).map_err(js_error)?;
-        let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineClosed))?.map_err(js_error)?;
+        let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
         Ok(Float32Array::new(v))
     }
 
     /// Frees the weights on the engine thread once running generations finish.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn dispose(&self) {
         if !self.disposed.swap(true, Ordering::AcqRel) {
             Engine::get().unload(self.id);

@@ -87,7 +87,7 @@ fn method_name(m: Method) -> String {
 }
 
 /// Where and how a request runs (mlx-bun 0.5 rules; see `engine::plan`).
-#[napi]
+#[napi(catch_unwind)]
 pub fn resolve_execution_native(
     request: ExecutionRequirementsJs,
     capabilities: ExecutionCapabilitiesJs,

@@ -37,7 +37,7 @@ pub struct NativeEngine {
 }
 
 /// `createEngine(model, options)`; `tokenizer` / `chatTemplate` override the model's own.
-#[napi]
+#[napi(catch_unwind)]
 pub fn create_engine_native(
     model: &Model,
     options: Option<Value>,
@@ -63,7 +63,7 @@ pub fn create_engine_native(
 }
 
 /// `testing.createScriptedEngine(script, options)`: sessions replay `script` instead of a model.
-#[napi]
+#[napi(catch_unwind)]
 pub fn create_scripted_engine_native(script: Value, options: Option<Value>) -> napi::Result<NativeEngine> {
     let options = EngineOptions::from_json(&options.unwrap_or(Value::Null)).map_err(js_error)?;
     let script = Script::from_json(script).map_err(js_error)?;
@@ -71,9 +71,16 @@ pub fn create_scripted_engine_native(script: Value, options: Option<Value>) -> n
 }
 
 /// Sessions not yet terminal, across every engine.
-#[napi]
+#[napi(catch_unwind)]
 pub fn live_sessions_native() -> u32 {
     live_sessions() as u32
+}
+
+/// Panics with `message`: a bug inside a synchronous binding, which must throw rather than abort
+/// the process (`testing.panicInBinding`).
+#[napi(catch_unwind)]
+pub fn panic_native(message: String) -> napi::Result<()> {
+    panic!("{message}")
 }
 
 #[napi(object)]
@@ -89,7 +96,7 @@ pub struct BatchCountsJs {
 }
 
 /// How much decoding ran batched, across every engine since the process started.
-#[napi]
+#[napi(catch_unwind)]
 pub fn batch_counts_native() -> BatchCountsJs {
     let c = batch_counts();
     BatchCountsJs {
@@ -139,7 +146,7 @@ impl NativeEngine {
 #[napi]
 impl NativeEngine {
     /// Opens a session; `output` is 'stream' (default), 'collect' or 'callback'.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn open(
         &self,
         prompt_tokens: Option<Either<Uint32Array, Vec<f64>>>,
@@ -164,6 +171,13 @@ impl NativeEngine {
         open().map(|inner| NativeSession { inner }).map_err(js_error)
     }
 
+    /// Marks the engine closed at once, on the caller's thread: an `open` right after an
+    /// un-awaited `close()` throws `ENGINE_CLOSED` (the async `close` runs later, elsewhere).
+    #[napi(catch_unwind)]
+    pub fn mark_closed(&self) {
+        self.inner.mark_closed();
+    }
+
     /// Cancels every session with `engine_closed` and waits until all have ended.
     #[napi]
     pub async fn close(&self) -> napi::Result<()> {
@@ -173,12 +187,12 @@ impl NativeEngine {
         Ok(())
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn closed(&self) -> bool {
         self.inner.is_closed()
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn stats(&self) -> EngineStatsJs {
         let s = self.inner.stats();
         EngineStatsJs { live_sessions: s.live_sessions as u32, running: s.running as u32, reserved_collect_tokens: s.reserved_collect_tokens as f64 }
@@ -276,18 +290,18 @@ pub struct NativeSession {
 
 #[napi]
 impl NativeSession {
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn id(&self) -> String {
         self.inner.id.clone()
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn state(&self) -> Value {
         serde_json::to_value(self.inner.state()).unwrap_or(Value::Null)
     }
 
     /// Claims the one consumer of a stream session's events.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn claim_reader(&self) -> napi::Result<()> {
         self.inner.claim_reader().map_err(js_error)
     }
@@ -299,12 +313,12 @@ impl NativeSession {
     }
 
     /// The consumer used `n` more of the events it was handed.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn consumed(&self, n: u32) {
         self.inner.consumed(n as usize);
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn cancel(&self, reason: Option<String>) -> napi::Result<()> {
         let reason = reason.map_or(Ok(CancelReason::Requested), |r| CancelReason::parse(&r)).map_err(js_error)?;
         self.inner.cancel(reason);
@@ -312,13 +326,13 @@ impl NativeSession {
     }
 
     /// Callback mode: the callback returned `false`.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn stop_output(&self) {
         self.inner.stop_output();
     }
 
     /// Callback mode: the callback threw.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn fail_output(&self, message: String) {
         self.inner.fail_output(message);
     }

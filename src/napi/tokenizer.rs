@@ -14,7 +14,7 @@ pub struct Tokenizer {
 }
 
 /// Loads the tokenizer of a model folder (tokenizer.json) or GGUF file (its metadata).
-#[napi]
+#[napi(catch_unwind)]
 pub fn load_tokenizer_native(path: String) -> napi::Result<Tokenizer> {
     let (inner, _) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
     Ok(Tokenizer { inner })
@@ -28,50 +28,50 @@ impl Tokenizer {
 
 #[napi]
 impl Tokenizer {
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn encode(&self, text: String, add_special_tokens: Option<bool>) -> napi::Result<Uint32Array> {
         self.inner.encode(&text, add_special_tokens.unwrap_or(true)).map(Uint32Array::new).map_err(js_error)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn decode(&self, ids: Either<Uint32Array, Vec<f64>>, skip_special_tokens: Option<bool>) -> napi::Result<String> {
         let ids = prompt_tokens(ids).map_err(js_error)?;
         self.inner.decode(&ids, skip_special_tokens.unwrap_or(false)).map_err(js_error)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn token_to_id(&self, token: String) -> Option<u32> {
         self.inner.token_to_id(&token)
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn bos_token_id(&self) -> Option<u32> {
         self.inner.bos_token_id()
     }
 
     /// The first end-of-sequence id (mlx-bun's `eosTokenId`).
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn eos_token_id(&self) -> Option<u32> {
         self.inner.eos_token_ids().first().copied()
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn eos_token_ids(&self) -> Vec<u32> {
         self.inner.eos_token_ids().to_vec()
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn vocab_size(&self) -> u32 {
         self.inner.vocab_size() as u32
     }
 
     /// A detokenizer that turns tokens into text as they arrive, never splitting a character.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn create_decoder(&self, skip_special_tokens: Option<bool>) -> StreamDecoder {
         StreamDecoder { inner: CoreDecoder::new(&self.inner, skip_special_tokens.unwrap_or(true)) }
     }
@@ -85,7 +85,7 @@ pub struct StreamDecoder {
 #[napi]
 impl StreamDecoder {
     /// Text completed by these tokens (possibly empty while a character is incomplete).
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn push(&mut self, ids: Either<Uint32Array, Vec<f64>>) -> napi::Result<String> {
         let ids = prompt_tokens(ids).map_err(js_error)?;
         let mut text = String::new();
@@ -96,7 +96,7 @@ impl StreamDecoder {
     }
 
     /// Whatever text is still held back.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn flush(&mut self) -> napi::Result<String> {
         self.inner.finish().map_err(js_error)
     }
@@ -127,23 +127,23 @@ impl ChatTemplate {
 impl ChatTemplate {
     /// The model's own template from a folder (tokenizer_config.json or chat_template.jinja) or a
     /// GGUF file; `null` when the model has none.
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn load(path: String) -> napi::Result<Option<ChatTemplate>> {
         let (_, template) = load_tokenizer(std::path::Path::new(&path)).map_err(js_error)?;
         Ok(template.map(|inner| ChatTemplate { inner }))
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn from_string(source: String, bos_token: Option<String>, eos_token: Option<String>) -> napi::Result<ChatTemplate> {
         CoreTemplate::new(source, bos_token, eos_token).map(|inner| ChatTemplate { inner }).map_err(js_error)
     }
 
-    #[napi]
+    #[napi(catch_unwind)]
     pub fn render(&self, messages: Value, options: Option<RenderOptionsJs>) -> napi::Result<String> {
         self.inner.render(&messages, &render_options(options)).map_err(js_error)
     }
 
-    #[napi(getter)]
+    #[napi(getter, catch_unwind)]
     pub fn source(&self) -> String {
         self.inner.source().to_owned()
     }

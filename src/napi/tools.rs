@@ -4,7 +4,7 @@ use napi_derive::napi;
 use super::js_error;
 use crate::model::convert::ConvertOptions;
 use crate::model::weights::DType;
-use crate::error::Error;
+use crate::error::{catch_panic, Error};
 use crate::pull;
 
 /// Runs the `mlx-bun` command line in this process; resolves with its exit code.
@@ -14,11 +14,12 @@ pub async fn run_cli(args: Vec<String>) -> napi::Result<i32> {
 }
 
 /// Runs blocking work (downloads, waits on the engine) off the JS thread and tokio's workers.
-/// It never touches MLX itself: that stays on the engine thread.
+/// It never touches MLX itself: that stays on the engine thread. A panic in it rejects with
+/// `INTERNAL_ERROR`.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result<T> + Send + 'static) -> napi::Result<T> {
-    tokio::task::spawn_blocking(work)
+    tokio::task::spawn_blocking(|| catch_panic(work))
         .await
-        .map_err(|e| napi::Error::from_reason(e.to_string()))?
+        .map_err(|e| js_error(Error::Internal(e.to_string())))?
         .map_err(js_error)
 }
 
@@ -42,7 +43,7 @@ pub async fn pull_default_model(options: Option<PullOptions>) -> napi::Result<St
     blocking(move || pull::pull_default(&home, o.progress.unwrap_or(false)).map(|p| p.display().to_string())).await
 }
 
-#[napi]
+#[napi(catch_unwind)]
 pub fn default_model_path(home_dir: Option<String>) -> String {
     pull::default_model_path(&home(home_dir)).display().to_string()
 }

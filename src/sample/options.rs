@@ -9,7 +9,7 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 pub struct SamplingOptions {
     /// 0 = greedy (argmax).
     pub temperature: f32,
-    /// Nucleus sampling mass in (0, 1]; 1 keeps everything.
+    /// Nucleus sampling mass in [0, 1]; 0 (mlx-bun's default) and 1 keep everything.
     pub top_p: f32,
     /// 0 = off.
     pub top_k: u32,
@@ -32,7 +32,7 @@ impl Default for SamplingOptions {
     fn default() -> Self {
         SamplingOptions {
             temperature: 0.0,
-            top_p: 1.0,
+            top_p: 0.0,
             top_k: 0,
             min_p: 0.0,
             min_tokens_to_keep: 1,
@@ -95,14 +95,14 @@ impl GenerateOptions {
         if s.temperature < 0.0 {
             return Err(Error::option("temperature", format!("must be >= 0, got {}", s.temperature)));
         }
-        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(Error::option("topP", format!("must be in (0, 1], got {}", s.top_p)));
+        if !(0.0..=1.0).contains(&s.top_p) {
+            return Err(Error::option("topP", format!("must be in [0, 1] (0 = off), got {}", s.top_p)));
         }
         if !(0.0..=1.0).contains(&s.min_p) {
             return Err(Error::option("minP", format!("must be in [0, 1], got {}", s.min_p)));
         }
-        if s.min_tokens_to_keep == 0 {
-            return Err(Error::option("minTokensToKeep", "must be >= 1"));
+        if s.min_tokens_to_keep == 0 || s.min_tokens_to_keep as usize > vocab_size {
+            return Err(Error::option("minTokensToKeep", format!("must be between 1 and the vocabulary size ({vocab_size}), got {}", s.min_tokens_to_keep)));
         }
         finite("repetitionPenalty", s.repetition_penalty)?;
         if s.repetition_penalty < 0.0 {
@@ -155,8 +155,12 @@ mod tests {
         };
         assert!(bad(&|o| o.sampling.temperature = -0.1).starts_with("temperature"));
         assert!(bad(&|o| o.sampling.temperature = f32::NAN).starts_with("temperature"));
-        assert!(bad(&|o| o.sampling.top_p = 0.0).starts_with("topP"));
+        assert!(bad(&|o| o.sampling.top_p = -0.1).starts_with("topP"));
         assert!(bad(&|o| o.sampling.top_p = 1.5).starts_with("topP"));
+        assert!(bad(&|o| o.sampling.min_tokens_to_keep = 101).starts_with("minTokensToKeep"));
+        let mut keep_all = GenerateOptions::default();
+        keep_all.sampling.min_tokens_to_keep = 100;
+        keep_all.validate(100).unwrap();
         assert!(bad(&|o| o.max_tokens = 0).starts_with("maxTokens"));
         assert!(bad(&|o| o.sampling.min_p = 2.0).starts_with("minP"));
         assert!(bad(&|o| { o.sampling.logit_bias.insert(100, 1.0); }).starts_with("logitBias"));

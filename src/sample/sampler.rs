@@ -54,7 +54,7 @@ impl Sampler {
             argmax_axis(&logprobs, -1, None)?
         } else {
             let mut lp = logprobs.clone();
-            if o.top_p < 1.0 {
+            if o.top_p > 0.0 && o.top_p < 1.0 {
                 lp = top_p(&lp, o.top_p)?;
             }
             if o.min_p > 0.0 {
