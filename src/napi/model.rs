@@ -62,15 +62,40 @@ pub struct TensorData {
     pub data: Uint8Array,
 }
 
-/// The tensors of a model folder or GGUF file, opened without loading them into MLX.
+/// The tensors of a model folder or GGUF file, opened without loading them into MLX. A folder's
+/// safetensors are mapped at once (cheap); a GGUF file's tensors are converted to MLX's layout on
+/// first use, because converting a whole file takes seconds: `createModel` does it off the JS
+/// thread, and `tensorNames`/`tensor()` of a GGUF do it on theirs, once.
 #[napi]
 pub struct Weights {
-    inner: Option<(CoreWeights, ModelConfig)>,
+    inner: Option<Opened>,
+}
+
+struct Opened {
+    path: std::path::PathBuf,
+    config: ModelConfig,
+    tensors: std::sync::Mutex<Option<CoreWeights>>,
+}
+
+impl Opened {
+    fn tensors(&self) -> crate::error::Result<CoreWeights> {
+        let mut tensors = self.tensors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = tensors.as_ref() {
+            return Ok(t.clone());
+        }
+        let (converted, _) = open_source(&self.path)?;
+        *tensors = Some(converted.clone());
+        Ok(converted)
+    }
 }
 
 impl Weights {
-    fn get(&self) -> napi::Result<&(CoreWeights, ModelConfig)> {
+    fn get(&self) -> napi::Result<&Opened> {
         self.inner.as_ref().ok_or_else(|| js_error(Error::option("weights", "this Weights has been disposed")))
+    }
+
+    fn tensors(&self) -> napi::Result<CoreWeights> {
+        self.get()?.tensors().map_err(js_error)
     }
 }
 
@@ -78,27 +103,35 @@ impl Weights {
 impl Weights {
     #[napi(catch_unwind)]
     pub fn open(path: String) -> napi::Result<Weights> {
-        open_source(Path::new(&path)).map(|w| Weights { inner: Some(w) }).map_err(js_error)
+        let path = Path::new(&path);
+        let opened = if path.is_file() {
+            Opened { path: path.to_path_buf(), config: open_config(path).map_err(js_error)?, tensors: Default::default() }
+        } else {
+            let (tensors, config) = open_source(path).map_err(js_error)?;
+            Opened { path: path.to_path_buf(), config, tensors: std::sync::Mutex::new(Some(tensors)) }
+        };
+        Ok(Weights { inner: Some(opened) })
     }
 
     #[napi(getter, catch_unwind)]
     pub fn tensor_names(&self) -> napi::Result<Vec<String>> {
-        Ok(self.get()?.0.names().map(str::to_owned).collect())
+        Ok(self.tensors()?.names().map(str::to_owned).collect())
     }
 
     #[napi(catch_unwind)]
     pub fn has(&self, name: String) -> napi::Result<bool> {
-        Ok(self.get()?.0.has(&name))
+        Ok(self.tensors()?.has(&name))
     }
 
     #[napi(catch_unwind)]
     pub fn info(&self, name: String) -> napi::Result<Option<TensorInfo>> {
-        Ok(self.get()?.0.get(&name).map(|t| TensorInfo { dtype: dtype_name(t.dtype), shape: shape(&t.shape) }))
+        Ok(self.tensors()?.get(&name).map(|t| TensorInfo { dtype: dtype_name(t.dtype), shape: shape(&t.shape) }))
     }
 
     #[napi(catch_unwind)]
     pub fn tensor(&self, name: String) -> napi::Result<TensorData> {
-        let t = self.get()?.0.get(&name).ok_or_else(|| js_error(Error::tensor(&name, "not in these weights")))?;
+        let tensors = self.tensors()?;
+        let t = tensors.get(&name).ok_or_else(|| js_error(Error::tensor(&name, "not in these weights")))?;
         Ok(TensorData { dtype: dtype_name(t.dtype), shape: shape(&t.shape), data: Uint8Array::new(t.bytes().to_vec()) })
     }
 
@@ -148,7 +181,9 @@ fn with_options(weights: CoreWeights, options: Option<LoadOptions>) -> napi::Res
 /// overrides the configuration found beside the weights.
 #[napi]
 pub async fn create_model(weights: &Weights, config: Option<Value>, options: Option<LoadOptions>) -> napi::Result<Model> {
-    let (w, c) = weights.get()?.clone();
+    // Runs on a tokio thread, so a GGUF's conversion happens here, off the JS thread.
+    let opened = weights.get()?;
+    let (w, c) = (opened.tensors().map_err(js_error)?, opened.config.clone());
     let w = with_options(w, options)?;
     let c = match config {
         Some(v) => {
