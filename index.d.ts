@@ -78,6 +78,11 @@ export class Weights {
 
 /** A model resident on the engine thread. */
 export class Model {
+  /**
+   * Resolves once the model is built on the engine thread; rejects with the load's typed error
+   * (each use of a model whose load failed fails with the same error).
+   */
+  readonly ready: Promise<void>
   readonly config: ModelConfigInfo
   /** Last-position logits of one forward pass over `prompt` (fresh cache). */
   logits(prompt: ArrayLike<number>): Promise<Float32Array>
@@ -102,9 +107,14 @@ export interface LoadOptions {
   f32Matmuls?: 'auto' | 'all' | 'none'
 }
 
-/** Builds `weights` into a model on the engine thread; `config` overrides the one found with them. */
-export function createModel(weights: Weights, config?: ModelConfigInfo | Record<string, unknown>, options?: LoadOptions): Promise<Model>
-/** `Weights.open` + `createModel` for a folder or `.gguf` file. */
+/**
+ * Builds `weights` into a model on the engine thread and returns it at once, as mlx-bun does:
+ * work on the model (generate, engines, logits) queues behind the load; `model.ready` says how the
+ * load ended, and a failed load fails every use with its typed error. `config` overrides the one
+ * found with the weights. Invalid `options` throw here.
+ */
+export function createModel(weights: Weights, config?: ModelConfigInfo | Record<string, unknown>, options?: LoadOptions): Model
+/** `Weights.open` + `createModel` for a folder or `.gguf` file; resolves once loaded, rejects with the load's error. */
 export function loadModel(path: string, options?: LoadOptions): Promise<Model>
 
 /** Options of `generate` (Rust: `sample::GenerateOptions`); defaults as in mlx-bun. */

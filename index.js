@@ -450,6 +450,18 @@ function generate(model, promptTokens, options = {}) {
   return new Generation(session)
 }
 
+/**
+ * `model.ready`: resolves once the engine thread has built the model, rejects with the load's
+ * typed error (every use of a model whose load failed fails with that error too). Marked handled,
+ * so a caller who never awaits it gets no unhandled rejection.
+ */
+function withReady(model) {
+  const ready = model.loaded()
+  ready.catch(() => {})
+  Object.defineProperty(model, 'ready', { value: ready, enumerable: false })
+  return model
+}
+
 function loadOptions(options) {
   if (options === undefined || options === null) return options
   if (typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
@@ -471,8 +483,8 @@ module.exports = {
   GenerationSession,
   testing,
   loadModelConfig: wrap(native.loadModelConfig),
-  loadModel: wrap(async (path, options) => native.loadModel(path, loadOptions(options))),
-  createModel: wrap(async (weights, config, options) => native.createModel(weights, config, loadOptions(options))),
+  loadModel: wrap(async (path, options) => withReady(await native.loadModel(path, loadOptions(options)))),
+  createModel: wrap((weights, config, options) => withReady(native.createModel(weights, config, loadOptions(options)))),
   loadTokenizer: wrap(native.loadTokenizerNative),
   pullDefaultModel: wrap(native.pullDefaultModel),
   defaultModelPath: native.defaultModelPath,

@@ -33,6 +33,50 @@ test('Weights + createModel, with and without a config override', async () => {
   b.dispose()
 })
 
+test("createModel returns the model at once, as mlx-bun's does; work queues behind the load", async () => {
+  const dir = makeTinyLlama(path.join(tmpdir('sync'), 'tiny'))
+  // Written from mlx-bun's docs: no await on createModel, nor on the synchronous loaders.
+  const model = mlx.createModel(mlx.Weights.open(dir), mlx.loadModelConfig(dir))
+  assert.ok(model instanceof mlx.Model)
+  const expected = (await collect(mlx.generate(await mlx.loadModel(dir), [1, 2], { maxTokens: 5, eosTokenIds: [] }))).tokens
+  const engine = mlx.createEngine(model)
+  const [direct, viaEngine] = await Promise.all([
+    collect(mlx.generate(model, [1, 2], { maxTokens: 5, eosTokenIds: [] })),
+    engine.open({ promptTokens: [1, 2], maxTokens: 5, eosTokenIds: [] }, { output: 'collect' }).result,
+  ])
+  assert.deepEqual(direct.tokens, expected)
+  assert.deepEqual(Array.from(viaEngine.output), expected)
+  assert.equal(await model.ready, undefined)
+  // The same code with await keeps working.
+  const awaited = await mlx.createModel(mlx.Weights.open(dir))
+  assert.deepEqual((await collect(mlx.generate(awaited, [1, 2], { maxTokens: 5, eosTokenIds: [] }))).tokens, expected)
+  await engine.close()
+  model.dispose()
+  awaited.dispose()
+  // Invalid options throw at once, not later.
+  assert.throws(() => mlx.createModel(mlx.Weights.open(dir), undefined, { f32Matmuls: 'fast' }), { code: 'INVALID_OPTION' })
+})
+
+test('a load that fails rejects model.ready and fails every use of the model with its typed error', async () => {
+  const dir = makeTinyLlama(path.join(tmpdir('fail'), 'tiny'))
+  const cfg = mlx.loadModelConfig(dir)
+  // A config whose MLP width does not match the tensors: only building the model finds out.
+  const model = mlx.createModel(mlx.Weights.open(dir), { ...cfg, raw: { ...cfg.raw, intermediate_size: 96 } })
+  const [ready, gen, logits] = await Promise.allSettled([model.ready, collect(mlx.generate(model, [1, 2], { maxTokens: 3 })), model.logits([1, 2])])
+  for (const r of [ready, gen, logits]) {
+    assert.equal(r.status, 'rejected')
+    assert.equal(r.reason.code, 'INVALID_TENSOR', r.reason.message)
+    assert.match(r.reason.message, /gate_proj/)
+  }
+  const s = mlx.createEngine(model).open({ promptTokens: [1] }, { output: 'collect' })
+  assert.equal((await s.result).error.cause, 'INVALID_TENSOR')
+  model.dispose()
+  // A model disposed before its load ran frees it: no use of it works, nothing leaks.
+  const early = mlx.createModel(mlx.Weights.open(dir))
+  early.dispose()
+  assert.throws(() => mlx.generate(early, [1], {}), { code: 'MODEL_DISPOSED' })
+})
+
 test('pullDefaultModel replaces a damaged copy and verifies the checksum', { timeout: 300_000 }, async () => {
   const home = tmpdir('pull')
   try {

@@ -57,22 +57,22 @@ pub enum Error {
     Cancelled(&'static str),
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Aggregate(Vec<Error>),
+    /// Another error's code and message (see `replicate`).
+    #[error("{message}")]
+    Copied { code: &'static str, message: String },
 }
 
 impl Error {
-    /// The same failure for another row or caller. Errors are not `Clone` (I/O errors are not):
-    /// variants without such payloads are copied; the rest become `Mlx` errors with the same
-    /// message.
+    /// The same failure for another row or caller, with the same code and message. Errors are
+    /// not `Clone` (I/O errors are not): variants without payloads are copied, the rest become
+    /// `Copied`.
     pub fn replicate(&self) -> Error {
         match self {
             Error::EngineClosed => Error::EngineClosed,
             Error::EngineDead => Error::EngineDead,
-            Error::Internal(m) => Error::Internal(m.clone()),
             Error::ModelDisposed => Error::ModelDisposed,
             Error::Cancelled(r) => Error::Cancelled(r),
-            Error::Protocol(m) => Error::Protocol(m.clone()),
-            Error::Mlx(m) => Error::Mlx(m.clone()),
-            other => Error::Mlx(other.to_string()),
+            other => Error::Copied { code: other.code(), message: other.to_string() },
         }
     }
 
@@ -104,6 +104,7 @@ impl Error {
             Error::Protocol(_) => "METHOD_PROTOCOL",
             Error::Cancelled(_) => "CANCELLED",
             Error::Aggregate(_) => "AGGREGATE_ERROR",
+            Error::Copied { code, .. } => code,
         }
     }
 

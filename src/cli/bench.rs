@@ -16,7 +16,8 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let weights = weights.with_f32_matmuls(f32_matmuls);
     let vocab = config.vocab_size as u32;
     let engine = Engine::get();
-    let model = engine.load(weights, config).blocking_recv().map_err(|_| Error::EngineDead)??;
+    let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
+    loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
     let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();

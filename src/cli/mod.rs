@@ -179,7 +179,8 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
     opts.eos_token_ids = Some(eos);
     let vocab_size = config.vocab_size;
-    let model = Engine::get().load(weights, config).blocking_recv().map_err(|_| Error::EngineDead)??;
+    let (model, loaded) = Engine::get().load(Box::new(move || Ok(weights)), config);
+    loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
     let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
     let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&tokenizer, true);

@@ -16,4 +16,4 @@ mod thread;
 pub use events::{FinishReason, GenerateStats};
 pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
 pub use group::batch_counts;
-pub use thread::{Engine, ModelId};
+pub use thread::{Engine, ModelId, WeightsSource};

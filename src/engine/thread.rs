@@ -15,12 +15,12 @@ use tokio::sync::oneshot;
 
 use super::driver::{Driver, Phase};
 pub use super::group::ModelId;
-use super::group::{lookup, Group, Models};
+use super::group::{lookup, Group, ModelSlot, Models};
 use super::inference::{InferenceEngine, MethodSpec};
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 use crate::mlx::backend::synchronize;
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
@@ -28,11 +28,15 @@ use crate::model::weights::Weights;
 use crate::model::{create_model, LanguageModel};
 use crate::sample::validate_prompt;
 
+/// Produces a model's weights on the engine thread (a GGUF file is converted there).
+pub type WeightsSource = Box<dyn FnOnce() -> Result<Weights> + Send>;
+
 enum Command {
     Load {
-        weights: Weights,
+        id: ModelId,
+        weights: WeightsSource,
         config: ModelConfig,
-        reply: oneshot::Sender<Result<ModelId>>,
+        reply: oneshot::Sender<Result<()>>,
     },
     Unload(ModelId),
     Open {
@@ -83,22 +87,17 @@ impl Engine {
         self.tx.send(cmd).map_err(|_| Error::EngineDead)
     }
 
-    pub fn load(
-        &self,
-        weights: Weights,
-        config: ModelConfig,
-    ) -> oneshot::Receiver<Result<ModelId>> {
+    /// Queues the load of a model and returns its id at once; the receiver says how the load
+    /// ended. Work on the id queues behind the load and fails with its error if it failed.
+    pub fn load(&self, weights: WeightsSource, config: ModelConfig) -> (ModelId, oneshot::Receiver<Result<()>>) {
+        let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Command::Load {
-            weights,
-            config,
-            reply,
-        }) {
+        if let Err(e) = self.send(Command::Load { id, weights, config, reply }) {
             let (tx, rx2) = oneshot::channel();
             let _ = tx.send(Err(e));
-            return rx2;
+            return (id, rx2);
         }
-        rx
+        (id, rx)
     }
 
     pub fn unload(&self, model: ModelId) {
@@ -325,18 +324,26 @@ impl EngineLoop {
         };
         let system = &mut self.groups[0].1;
         match cmd {
-            Command::Load {
-                weights,
-                config,
-                reply,
-            } => {
+            Command::Load { id, weights, config, reply } => {
                 let models = self.models.clone();
+                models.borrow_mut().insert(id, ModelSlot::Loading);
                 let load = move || {
-                    let model = create_model(weights, config)?;
-                    let id = NEXT_MODEL.fetch_add(1, Ordering::Relaxed);
-                    models.borrow_mut().insert(id, Rc::from(model));
-                    warm_up();
-                    Ok(id)
+                    let built = catch_panic(|| create_model(weights()?, config));
+                    let mut slots = models.borrow_mut();
+                    // Disposed while it loaded: nothing may keep it.
+                    let Some(slot) = slots.get_mut(&id) else { return built.map(drop) };
+                    match built {
+                        Ok(model) => {
+                            *slot = ModelSlot::Ready(Rc::from(model));
+                            drop(slots);
+                            warm_up();
+                            Ok(())
+                        }
+                        Err(e) => {
+                            *slot = ModelSlot::Failed(e.replicate());
+                            Err(e)
+                        }
+                    }
                 };
                 system.tasks.enqueue(load, reply);
             }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::convert::prompt_tokens;
 use super::js_error;
-use crate::engine::{Engine, ModelId};
+use crate::engine::{Engine, ModelId, WeightsSource};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
 use crate::model::{open_config, open_source};
@@ -68,7 +68,7 @@ pub struct TensorData {
 /// thread, and `tensorNames`/`tensor()` of a GGUF do it on theirs, once.
 #[napi]
 pub struct Weights {
-    inner: Option<Opened>,
+    inner: Option<Arc<Opened>>,
 }
 
 struct Opened {
@@ -90,7 +90,7 @@ impl Opened {
 }
 
 impl Weights {
-    fn get(&self) -> napi::Result<&Opened> {
+    fn get(&self) -> napi::Result<&Arc<Opened>> {
         self.inner.as_ref().ok_or_else(|| js_error(Error::option("weights", "this Weights has been disposed")))
     }
 
@@ -110,7 +110,7 @@ impl Weights {
             let (tensors, config) = open_source(path).map_err(js_error)?;
             Opened { path: path.to_path_buf(), config, tensors: std::sync::Mutex::new(Some(tensors)) }
         };
-        Ok(Weights { inner: Some(opened) })
+        Ok(Weights { inner: Some(Arc::new(opened)) })
     }
 
     #[napi(getter, catch_unwind)]
@@ -149,21 +149,25 @@ fn shape(s: &[usize]) -> Vec<u32> {
     s.iter().map(|&d| d as u32).collect()
 }
 
-/// A model resident on the engine thread.
+/// A model resident on the engine thread. `createModel` returns it at once; its load runs on the
+/// engine thread, work on it queues behind the load, and `ready` (`loaded()`) says how it ended.
 #[napi]
 pub struct Model {
     id: ModelId,
     config: ModelConfig,
     disposed: Arc<AtomicBool>,
+    load: Arc<tokio::sync::Mutex<Load>>,
 }
 
-async fn load(weights: CoreWeights, config: ModelConfig) -> napi::Result<Model> {
-    let id = Engine::get()
-        .load(weights, config.clone())
-        .await
-        .map_err(|_| js_error(Error::EngineDead))?
-        .map_err(js_error)?;
-    Ok(Model { id, config, disposed: Arc::new(AtomicBool::new(false)) })
+enum Load {
+    Pending(tokio::sync::oneshot::Receiver<crate::error::Result<()>>),
+    /// The outcome, with a failure as its coded message (`js_error`'s form).
+    Done(std::result::Result<(), String>),
+}
+
+fn start_load(weights: WeightsSource, config: ModelConfig) -> Model {
+    let (id, loaded) = Engine::get().load(weights, config.clone());
+    Model { id, config, disposed: Arc::new(AtomicBool::new(false)), load: Arc::new(tokio::sync::Mutex::new(Load::Pending(loaded))) }
 }
 
 /// How a model is built (`model::weights::F32Matmuls`).
@@ -172,35 +176,49 @@ pub struct LoadOptions {
     pub f32_matmuls: Option<String>,
 }
 
-fn with_options(weights: CoreWeights, options: Option<LoadOptions>) -> napi::Result<CoreWeights> {
-    let Some(choice) = options.and_then(|o| o.f32_matmuls) else { return Ok(weights) };
-    Ok(weights.with_f32_matmuls(choice.parse::<F32Matmuls>().map_err(js_error)?))
+fn f32_matmuls(options: Option<LoadOptions>) -> napi::Result<F32Matmuls> {
+    options.and_then(|o| o.f32_matmuls).map_or(Ok(F32Matmuls::default()), |choice| choice.parse::<F32Matmuls>().map_err(js_error))
 }
 
-/// Builds the model for `weights` on the engine thread. `config` (from `loadModelConfig`)
-/// overrides the configuration found beside the weights.
-#[napi]
-pub async fn create_model(weights: &Weights, config: Option<Value>, options: Option<LoadOptions>) -> napi::Result<Model> {
-    // Runs on a tokio thread, so a GGUF's conversion happens here, off the JS thread.
-    let opened = weights.get()?;
-    let (w, c) = (opened.tensors().map_err(js_error)?, opened.config.clone());
-    let w = with_options(w, options)?;
+/// Builds the model for `weights` on the engine thread and returns it at once, as mlx-bun's
+/// `createModel` does (a GGUF's tensors are converted there too, never on the JS thread).
+/// `config` (from `loadModelConfig`) overrides the configuration found beside the weights.
+#[napi(catch_unwind)]
+pub fn create_model(weights: &Weights, config: Option<Value>, options: Option<LoadOptions>) -> napi::Result<Model> {
+    let opened = weights.get()?.clone();
+    let layout = f32_matmuls(options)?;
     let c = match config {
         Some(v) => {
             let raw = v.get("raw").cloned().unwrap_or(v);
-            ModelConfig::from_value(raw, c.source.clone()).map_err(js_error)?
+            ModelConfig::from_value(raw, opened.config.source.clone()).map_err(js_error)?
         }
-        None => c,
+        None => opened.config.clone(),
     };
-    load(w, c).await
+    Ok(start_load(Box::new(move || Ok(opened.tensors()?.with_f32_matmuls(layout))), c))
 }
 
-/// Opens and loads a model folder or GGUF file in one step.
+/// Opens and loads a model folder or GGUF file in one step; resolves once it is loaded.
 #[napi]
 pub async fn load_model(path: String, options: Option<LoadOptions>) -> napi::Result<Model> {
+    let layout = f32_matmuls(options)?;
     let (w, c) = open_source(Path::new(&path)).map_err(js_error)?;
-    let w = with_options(w, options)?;
-    load(w, c).await
+    let model = start_load(Box::new(move || Ok(w.with_f32_matmuls(layout))), c);
+    model.wait_loaded().await?;
+    Ok(model)
+}
+
+impl Model {
+    async fn wait_loaded(&self) -> napi::Result<()> {
+        let mut load = self.load.lock().await;
+        if let Load::Pending(loaded) = &mut *load {
+            let outcome = loaded.await.unwrap_or(Err(Error::EngineDead));
+            *load = Load::Done(outcome.map_err(|e| format!("{}: {e}", e.code())));
+        }
+        match &*load {
+            Load::Done(Err(message)) => Err(napi::Error::from_reason(message.clone())),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[napi]
@@ -220,6 +238,12 @@ impl Model {
     /// The engine-thread id of a live model, its configuration and its disposed flag.
     pub(super) fn handle(&self) -> napi::Result<(ModelId, &ModelConfig, Arc<AtomicBool>)> {
         Ok((self.live()?, &self.config, self.disposed.clone()))
+    }
+
+    /// Resolves once the model is loaded; rejects with the load's typed error.
+    #[napi]
+    pub async fn loaded(&self) -> napi::Result<()> {
+        self.wait_loaded().await
     }
 
     /// Last-position logits of one forward pass over `prompt` on a fresh cache.
