@@ -239,7 +239,8 @@ test("a GGUF's conversion never runs on the JS thread: Weights.open reads the he
   const started = Date.now()
   const weights = mlx.Weights.open(file)
   const config = mlx.loadModelConfig(file)
-  const model = await mlx.createModel(weights)
+  const model = mlx.createModel(weights)
+  await model.ready
   clearInterval(timer)
   const total = Date.now() - started
   assert.equal(config.modelType, 'gemma3_text')
