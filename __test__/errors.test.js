@@ -7,14 +7,7 @@ const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
-const { makeTinyLlama, tmpdir, collect, writeGguf, fixture, TINY } = require('./helpers')
-
-function expectCode(err, code, pattern) {
-  assert.ok(err instanceof Error, `expected an Error, got ${err}`)
-  assert.equal(err.code, code, `${err.code}: ${err.message}`)
-  if (pattern) assert.match(err.message, pattern)
-  return true
-}
+const { makeTinyLlama, tmpdir, collect, writeGguf, fixture, expectCode, TINY } = require('./helpers')
 
 describe('bad input', () => {
   let dir

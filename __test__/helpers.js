@@ -144,6 +144,15 @@ async function within(promise, what, ms = 10_000) {
 
 const range = (a, b) => Array.from({ length: b - a }, (_, i) => a + i)
 
+/** For assert.throws/rejects: an Error with `code` and, if given, a message matching `pattern`. */
+function expectCode(err, code, pattern) {
+  const assert = require('node:assert/strict')
+  assert.ok(err instanceof Error, `expected an Error, got ${err}`)
+  assert.equal(err.code, code, `${err.code}: ${err.message}`)
+  if (pattern) assert.match(err.message, pattern)
+  return true
+}
+
 /** Collects a generation: { tokens, gen }. */
 async function collect(gen) {
   const tokens = []
@@ -151,4 +160,4 @@ async function collect(gen) {
   return { tokens, gen }
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeGguf, writeSafetensors, collect, TINY }
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeGguf, writeSafetensors, collect, expectCode, TINY }

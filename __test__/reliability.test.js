@@ -1,7 +1,7 @@
 'use strict'
-// A bug or a hostile input never hangs or kills the host process: a panic fails exactly the work
-// it hit (INTERNAL_ERROR) and the engine goes on; inputs that would divide by zero or size
-// caches from nothing are refused with a typed error naming the field; no option is ignored.
+// A bug never hangs or kills the host process: a panic fails exactly the work it hit
+// (INTERNAL_ERROR) and the engine goes on; no option is ignored; nothing heavy or unbounded runs
+// on the JS thread. Hostile files are in corpus.test.js.
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
@@ -10,14 +10,7 @@ const path = require('node:path')
 const { spawn } = require('node:child_process')
 
 const mlx = require('..')
-const { makeTinyLlama, tmpdir, collect, writeGguf, within, fixture, ROOT } = require('./helpers')
-
-function expectCode(err, code, pattern) {
-  assert.ok(err instanceof Error, `expected an Error, got ${err}`)
-  assert.equal(err.code, code, `${err.code}: ${err.message}`)
-  if (pattern) assert.match(err.message, pattern)
-  return true
-}
+const { makeTinyLlama, tmpdir, collect, within, fixture, expectCode, ROOT } = require('./helpers')
 
 describe('panics are contained', () => {
   let dir, model, expected
@@ -62,65 +55,6 @@ describe('panics are contained', () => {
   test('a panic inside a synchronous binding throws INTERNAL_ERROR; the process lives on', async () => {
     assert.throws(() => mlx.testing.panicInBinding('boom in a binding'), (e) => expectCode(e, 'INTERNAL_ERROR', /boom in a binding/))
     assert.deepEqual((await collect(mlx.generate(model, [1, 2, 3], { maxTokens: 8, eosTokenIds: [] }))).tokens, expected)
-  })
-})
-
-describe('hostile files are refused before any arithmetic', () => {
-  let dir, model
-  before(async () => {
-    dir = tmpdir('hostile')
-    model = await mlx.loadModel(makeTinyLlama(path.join(dir, 'ok')))
-  })
-  after(async () => {
-    // The engine is still healthy after every refusal.
-    assert.equal((await collect(mlx.generate(model, [1, 2], { maxTokens: 4, eosTokenIds: [] }))).tokens.length, 4)
-    model.dispose()
-  })
-
-  const edits = [
-    ['num_hidden_layers 0', (c) => (c.num_hidden_layers = 0), /num_hidden_layers/],
-    ['head_dim 0', (c) => (c.head_dim = 0), /head_dim/],
-    ['quantization.group_size 0', (c) => (c.quantization = { group_size: 0, bits: 4 }), /group_size is 0/],
-    ['quantization.bits 7', (c) => (c.quantization = { group_size: 64, bits: 7 }), /bits is 7/],
-    ['a mistral sliding_window of 0', (c) => Object.assign(c, { model_type: 'mistral', sliding_window: 0 }), /sliding_window/],
-    ['a gemma3 sliding_window_pattern of 0', (c) => Object.assign(c, { model_type: 'gemma3_text', sliding_window_pattern: 0 }), /sliding_window_pattern/],
-  ]
-  for (const [what, edit, pattern] of edits) {
-    test(`config.json with ${what} → INVALID_CONFIG`, async () => {
-      const d = makeTinyLlama(path.join(dir, what.replace(/\W+/g, '_')))
-      const cfg = JSON.parse(fs.readFileSync(path.join(d, 'config.json')))
-      edit(cfg)
-      fs.writeFileSync(path.join(d, 'config.json'), JSON.stringify(cfg))
-      await assert.rejects(mlx.loadModel(d), (e) => expectCode(e, 'INVALID_CONFIG', pattern))
-      assert.throws(() => mlx.loadModelConfig(d), (e) => expectCode(e, 'INVALID_CONFIG', pattern))
-    })
-  }
-
-  const gguf = (over) => ({
-    'general.architecture': 'llama',
-    'llama.embedding_length': 64,
-    'llama.feed_forward_length': 128,
-    'llama.block_count': 1,
-    'llama.attention.head_count': 4,
-    'llama.context_length': 128,
-    'tokenizer.ggml.model': 'gpt2',
-    'tokenizer.ggml.tokens': ['a', 'b', 'c', 'd'],
-    ...over,
-  })
-  for (const [key, value] of [['llama.attention.head_count', 0], ['llama.block_count', 0], ['llama.embedding_length', 0], ['llama.block_count', 2 ** 31]]) {
-    test(`GGUF with ${key} = ${value} → INVALID_CONFIG naming it (it used to abort the process)`, async () => {
-      const f = path.join(dir, `${key}-${value}.gguf`)
-      writeGguf(f, gguf({ [key]: value }), [{ name: 'token_embd.weight', dims: [64, 4], type: 0, data: Buffer.alloc(64 * 4 * 4) }])
-      await assert.rejects(mlx.loadModel(f), (e) => expectCode(e, 'INVALID_CONFIG', new RegExp(key.replace(/\./g, '\\.'))))
-      assert.throws(() => mlx.loadModelConfig(f), (e) => expectCode(e, 'INVALID_CONFIG'))
-    })
-  }
-
-  test('a GGUF whose q projection cannot be split into its heads → INVALID_TENSOR naming it', async () => {
-    const f = path.join(dir, 'qshape.gguf')
-    // 6 rows for 4 heads: no head size; the row un-permutation used to divide by zero or index out of bounds.
-    writeGguf(f, gguf({}), [{ name: 'blk.0.attn_q.weight', dims: [64, 6], type: 0, data: Buffer.alloc(64 * 6 * 4) }])
-    await assert.rejects(mlx.loadModel(f), (e) => expectCode(e, 'INVALID_TENSOR', /attn_q/))
   })
 })
 

@@ -96,6 +96,8 @@ function buildCorpus(dir) {
   model('config-heads-not-divisible', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, num_key_value_heads: 3 })))
   model('config-quant-group-0', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, quantization: { group_size: 0, bits: 4 } })))
   model('config-quant-bits-1', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, quantization: { group_size: 64, bits: 1 } })))
+  model('config-head-dim-0', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, head_dim: 0 })))
+  model('config-gemma3-window-pattern-0', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, model_type: 'gemma3_text', sliding_window_pattern: 0 })))
   model('config-sliding-window-0', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, model_type: 'mistral', sliding_window: 0 })))
   model('config-unknown-rope', 'INVALID_CONFIG', (d) => config(d, (c) => ({ ...c, rope_scaling: { type: 'warp', factor: 2 } })))
   model('config-unknown-architecture', 'UNSUPPORTED_MODEL_TYPE', (d) => config(d, (c) => ({ ...c, model_type: 'mamba9' })))
@@ -147,6 +149,7 @@ function buildCorpus(dir) {
   tok('template-syntax-error', 'TEMPLATE_ERROR', { 'tokenizer.json': okTok, 'tokenizer_config.json': JSON.stringify({ chat_template: '{% for m in messages %}{{ m.content }' }) })
   tok('template-unknown-filter', 'TEMPLATE_ERROR', { 'tokenizer.json': okTok, 'tokenizer_config.json': JSON.stringify({ chat_template: '{{ messages | explode }}' }) })
   tok('template-raises', 'TEMPLATE_ERROR', { 'tokenizer.json': okTok, 'tokenizer_config.json': JSON.stringify({ chat_template: "{{ raise_exception('no system role') }}" }) })
+  tok('template-endless-loop', 'TEMPLATE_ERROR', { 'tokenizer.json': okTok, 'tokenizer_config.json': JSON.stringify({ chat_template: '{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}' }) })
   tok('template-deep-recursion', 'TEMPLATE_ERROR', { 'tokenizer.json': okTok, 'tokenizer_config.json': JSON.stringify({ chat_template: '{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}' }) })
   return entries
 }

@@ -45,6 +45,9 @@ impl Default for RenderOptions {
     }
 }
 
+/// Instructions one render may run (minijinja's fuel): about a second of work.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`; syntax errors are reported here rather than on first use.
     pub fn new(
@@ -57,6 +60,9 @@ impl ChatTemplate {
         // written for that whitespace handling.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A template is a model file's code: a loop without end must fail, not hang the caller.
+        // Real chat templates spend a few thousand instructions per message.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
