@@ -64,7 +64,7 @@ export type TensorDtype = 'f32' | 'f16' | 'bf16' | 'u32' | 'u8' | 'i32'
 /**
  * The tensors of a model folder (safetensors, single or sharded) or GGUF file, not yet in MLX.
  * `open` reads a GGUF file's header only; its tensors are converted to MLX's layout on first use:
- * by `createModel`, off the JS thread, or by the first `tensorNames`/`has`/`info`/`tensor` call.
+ * by `createModel`, on the engine thread, or by the first `tensorNames`/`has`/`info`/`tensor` call.
  */
 export class Weights {
   static open(path: string): Weights

@@ -64,8 +64,8 @@ pub struct TensorData {
 
 /// The tensors of a model folder or GGUF file, opened without loading them into MLX. A folder's
 /// safetensors are mapped at once (cheap); a GGUF file's tensors are converted to MLX's layout on
-/// first use, because converting a whole file takes seconds: `createModel` does it off the JS
-/// thread, and `tensorNames`/`tensor()` of a GGUF do it on theirs, once.
+/// first use, because converting a whole file takes seconds: `createModel` has the engine thread
+/// do it, while `tensorNames`/`tensor()` of a GGUF do it on the caller's thread, once.
 #[napi]
 pub struct Weights {
     inner: Option<Arc<Opened>>,
