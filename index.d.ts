@@ -86,7 +86,22 @@ export class Model {
   readonly config: ModelConfigInfo
   /** Last-position logits of one forward pass over `prompt` (fresh cache). */
   logits(prompt: ArrayLike<number>): Promise<Float32Array>
+  /** A KV cache of this model for the caller to keep between generations (the `cache` option). */
+  makeCache(): KvCache
   /** Releases the weights once running generations end. Also happens on garbage collection. */
+  dispose(): void
+}
+
+/**
+ * A caller-owned KV cache (mlx-bun's `cache` option); its memory lives on the engine thread. A
+ * generation given it takes the prompt's first `offset` tokens as already cached, prefills the
+ * rest and appends: afterwards it holds the prompt and every token forwarded (all generated
+ * tokens but the last sampled; the EOS when generation stopped on it). One generation at a time.
+ */
+export interface KvCache {
+  /** Positions held. */
+  readonly offset: number
+  /** Frees its memory now (also on garbage collection); using it later throws `INVALID_OPTION`. */
   dispose(): void
 }
 
@@ -156,6 +171,12 @@ export interface GenerateOptions {
   /** Also report this many most likely alternatives (0–20). */
   topLogprobs?: number
   /**
+   * A cache from `model.makeCache()`; its `offset` must be smaller than the prompt's length, it
+   * must be this model's and not in use by another generation (else `INVALID_OPTION`, thrown at
+   * once). Such a request does not use the engine's prefix cache.
+   */
+  cache?: KvCache
+  /**
    * Aborting ends the iteration with `finishReason === 'cancelled'`, within one layer's compute
    * even in the middle of a long prefill step.
    */
@@ -172,6 +193,7 @@ export interface GeneratedToken {
 /** Rust: `engine::GenerateStats`; mlx-lm's timing semantics. */
 export interface GenerateStats {
   promptTokens: number
+  /** Prompt tokens not prefilled: taken from the engine's prefix cache, or from another session preparing the same prefix. */
   cachedTokens: number
   generatedTokens: number
   prefillTps: number
@@ -195,7 +217,7 @@ export class Generation implements AsyncIterable<GeneratedToken> {
 /** Streams tokens for `promptTokens`; throws `INVALID_OPTION` / `INVALID_PROMPT` synchronously. */
 export function generate(model: Model, promptTokens: ArrayLike<number>, options?: GenerateOptions): Generation
 
-/** Engine limits (Rust: `engine::EngineOptions`); each must be a positive safe integer. */
+/** Engine limits (Rust: `engine::EngineOptions`); each must be a positive safe integer (`prefixCacheBytes`: ≥ 0). */
 export interface EngineOptions {
   /** A stream session whose consumer does not call `next()` for this long is cancelled (`consumer_idle`). Default 30000. */
   idleTimeoutMs?: number
@@ -215,6 +237,14 @@ export interface EngineOptions {
   maxIterationTokens?: number
   /** Prompt tokens prefilled together in one chunk when no session is decoding; a burst of short prompts is admitted while their total stays within it. Default 2048. */
   maxPreparationTokens?: number
+  /**
+   * Bytes of KV caches the engine keeps from finished sessions, so that a prompt starting with
+   * tokens already seen (a chat's next turn, a shared system prompt) prefills only the rest; the
+   * least recently used go first. Sessions running side by side with a common prefix of 64+
+   * tokens also prefill it once. Outputs are those of a cold run (greedy tokens equal). 0
+   * disables both. Default 2e9 (mlx-bun's server `promptCacheBytes`). `generate()` keeps none.
+   */
+  prefixCacheBytes?: number
   /** Tokenizer for `messages` requests. Default: the one beside the model. */
   tokenizer?: Tokenizer
   /** Chat template for `messages` requests. Default: the model's own. */
@@ -228,6 +258,10 @@ export interface GenerationRequest extends Omit<GenerateOptions, 'signal'> {
   messages?: ChatMessage[]
   /** Passed to the chat template with `messages`. */
   chat?: { tools?: unknown[] | null; enableThinking?: boolean; extra?: Record<string, unknown> }
+  /** Prefix-cache namespace: a prompt only reuses caches of requests with the same one. Default ''. */
+  cacheNamespace?: string
+  /** The caller's conversation id: the cache this conversation left last is preferred over a longer prefix of another. */
+  sessionId?: string
 }
 
 /** How a session delivers its tokens (Rust: `engine::session::OutputMode`). */
@@ -302,6 +336,19 @@ export interface EngineStats {
   running: number
   /** Output tokens reserved by collect sessions. */
   reservedCollectTokens: number
+  /** The prefix cache since the engine was created; `bytes` and `entries` are current. */
+  prefixCache: {
+    hits: number
+    misses: number
+    /** Prompt tokens the hits did not prefill. */
+    hitTokens: number
+    evictions: number
+    /** Sessions that started from a prefix another running session prefilled, and those tokens. */
+    sharedPrefills: number
+    sharedTokens: number
+    bytes: number
+    entries: number
+  }
 }
 
 /** mlx-bun's `InferenceEngine` over one model. */

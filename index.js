@@ -56,18 +56,17 @@ function coded(code, message) {
 // any other unknown key is INVALID_OPTION, naming the known key it most resembles.
 const GENERATE_KEYS = ['maxTokens', 'prefillChunkSize', 'eosTokenIds', 'temperature', 'topP', 'topK', 'minP', 'minTokensToKeep',
   'repetitionPenalty', 'repetitionContextSize', 'presencePenalty', 'presenceContextSize', 'frequencyPenalty', 'frequencyContextSize',
-  'logitBias', 'seed', 'logprobs', 'topLogprobs']
+  'logitBias', 'seed', 'logprobs', 'topLogprobs', 'cache']
 const OPTION_KEYS = {
   generate: new Set([...GENERATE_KEYS, 'signal']),
-  request: new Set([...GENERATE_KEYS, 'promptTokens', 'messages', 'chat']),
+  request: new Set([...GENERATE_KEYS, 'promptTokens', 'messages', 'chat', 'cacheNamespace', 'sessionId']),
   control: new Set(['output', 'onTokens', 'signal']),
   chat: new Set(['addGenerationPrompt', 'tools', 'enableThinking', 'extra']),
   engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
-    'maxIterationTokens', 'maxPreparationTokens', 'tokenizer', 'chatTemplate']),
+    'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate']),
   load: new Set(['f32Matmuls']),
 }
 const NOT_YET = {
-  cache: 'caller-owned KV caches',
   kvBits: 'quantized KV caches',
   kvGroupSize: 'quantized KV caches',
   quantizedKvStart: 'quantized KV caches',
@@ -121,7 +120,7 @@ function wrap(fn) {
 }
 
 // Native methods throw coded errors; map them at the source, once.
-for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeEngine, native.NativeSession]) {
+for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeEngine, native.NativeSession, native.KvCache]) {
   for (const key of Object.getOwnPropertyNames(cls.prototype)) {
     const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
     if (key !== 'constructor' && typeof d.value === 'function') {
@@ -307,14 +306,15 @@ class InferenceEngine {
     checkKeys('request', request)
     checkKeys('control', control)
     if (request.chat != null && typeof request.chat === 'object') checkKeys('chat', request.chat)
-    const { promptTokens, messages, chat, ...options } = request
+    const { promptTokens, messages, chat, cache, ...options } = request
+    if (cache !== undefined && !(cache instanceof native.KvCache)) throw coded('INVALID_OPTION', 'cache: must be a cache made by model.makeCache()')
     const { output = 'stream', onTokens, signal } = control
     if (typeof output !== 'string') throw coded('INVALID_OPTION', `output: must be 'stream', 'collect' or 'callback'`)
     if (onTokens !== undefined && typeof onTokens !== 'function') throw coded('INVALID_OPTION', 'onTokens: must be a function')
     if (signal !== undefined && (signal === null || typeof signal.addEventListener !== 'function')) {
       throw coded('INVALID_OPTION', 'signal: must be an AbortSignal')
     }
-    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function', signal?.aborted === true)
+    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function', signal?.aborted === true, cache)
     return new GenerationSession(session, output, onTokens, signal)
   }
 
@@ -371,7 +371,8 @@ const generateEngines = new WeakMap()
 function generateEngine(model) {
   let engine = generateEngines.get(model)
   if (engine === undefined) {
-    engine = createEngine(model, { idleTimeoutMs: Number.MAX_SAFE_INTEGER, maxQueued: Number.MAX_SAFE_INTEGER - 8 })
+    // No prefix cache: as in mlx-bun, generate() keeps no state between calls (pass `cache`).
+    engine = createEngine(model, { idleTimeoutMs: Number.MAX_SAFE_INTEGER, maxQueued: Number.MAX_SAFE_INTEGER - 8, prefixCacheBytes: 0 })
     generateEngines.set(model, engine)
   }
   return engine

@@ -76,6 +76,7 @@ describe('no option is silently ignored', () => {
     maxTokens: 2, prefillChunkSize: 8, eosTokenIds: [], temperature: 0.5, topP: 0, topK: 3, minP: 0.1, minTokensToKeep: 2,
     repetitionPenalty: 1.1, repetitionContextSize: 4, presencePenalty: 0.1, presenceContextSize: 4, frequencyPenalty: 0.1,
     frequencyContextSize: 4, logitBias: { 3: 1 }, seed: 5, logprobs: true, topLogprobs: 2, signal: new AbortController().signal,
+    cache: () => model.makeCache(),
   }
 
   test('every generate() option in index.d.ts is accepted', async () => {
@@ -83,7 +84,8 @@ describe('no option is silently ignored', () => {
     assert.ok(keys.length >= 19, keys.join())
     for (const key of keys) {
       assert.ok(Object.hasOwn(valid, key), `no valid value for declared option ${key}`)
-      const { tokens } = await collect(mlx.generate(model, [1, 2], { maxTokens: 2, [key]: valid[key] }))
+      const value = key === 'cache' ? valid.cache() : valid[key]
+      const { tokens } = await collect(mlx.generate(model, [1, 2], { maxTokens: 2, [key]: value }))
       assert.ok(tokens.length <= 2, key)
     }
   })
@@ -95,7 +97,7 @@ describe('no option is silently ignored', () => {
   })
 
   // mlx-bun's options that this engine does not implement yet.
-  const notYet = ['cache', 'kvBits', 'kvGroupSize', 'quantizedKvStart', 'kvConfig', 'xtcProbability', 'xtcThreshold', 'adapters', 'promptEmbeddings', 'imageMask', 'visionPixels']
+  const notYet = ['kvBits', 'kvGroupSize', 'quantizedKvStart', 'kvConfig', 'xtcProbability', 'xtcThreshold', 'adapters', 'promptEmbeddings', 'imageMask', 'visionPixels']
   for (const key of notYet) {
     test(`${key} → UNSUPPORTED_OPTION naming it (generate and engine requests)`, () => {
       assert.throws(() => mlx.generate(model, [1], { [key]: 1 }), (e) => expectCode(e, 'UNSUPPORTED_OPTION', new RegExp(`^${key}:`)))

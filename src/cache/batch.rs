@@ -79,14 +79,7 @@ impl BatchKvCache {
         }
         for (id, kv) in stacked {
             if !self.gone.remove(&id) {
-                // Copied out, so a parked row does not keep the old stack alive.
-                let own = |kv: Option<(Array, Array)>| -> Result<LayerCache> {
-                    Ok(LayerCache::Plain(match kv {
-                        Some((k, v)) => KvCache::from_contents(k.contiguous()?, v.contiguous()?),
-                        None => KvCache::default(),
-                    }))
-                };
-                self.parked.insert(id, kv.into_iter().map(own).collect::<Result<_>>()?);
+                self.parked.insert(id, kv.into_iter().map(own_row).collect::<Result<_>>()?);
             }
         }
         self.rebuild(next)
@@ -99,6 +92,43 @@ impl BatchKvCache {
             self.arrange(rest)?;
         }
         self.parked.remove(&id).ok_or_else(|| Error::Mlx(format!("batch row {id} has no cache")))
+    }
+
+    /// The first `n` positions of row `id`, as caches of its own (copied; a parked row's are
+    /// snapshots, trimmed).
+    pub fn row_prefix(&mut self, id: u64, n: usize) -> Result<Option<Vec<LayerCache>>> {
+        let Some(i) = self.ids.iter().position(|&r| r == id) else {
+            let Some(parked) = self.parked.get(&id) else { return Ok(None) };
+            let mut caches = parked.clone();
+            for c in &mut caches {
+                let extra = c.offset().saturating_sub(n);
+                c.trim(extra);
+            }
+            return Ok(Some(caches));
+        };
+        let (len, w, r, n) = (self.lens[i], self.width, i as i32, n as i32);
+        if n > len || self.layers.is_empty() {
+            return Ok(None);
+        }
+        let cols = |t: &Array| t.index((r..r + 1, .., w - len..w - len + n, ..));
+        let caches = self.layers.iter().map(|(k, v)| own_row(Some((cols(k), cols(v))))).collect::<Result<Vec<_>>>()?;
+        mlx_rs::transforms::eval(caches.iter().flat_map(LayerCache::state))?;
+        Ok(Some(caches))
+    }
+
+    /// Row `id`'s generation has ended and keeps its positions (for the prefix cache): its caches
+    /// leave the batch, copied out of the stack if stacked (the stack itself is rearranged
+    /// later, as for `forget`).
+    pub fn take_ended(&mut self, id: u64) -> Result<Vec<LayerCache>> {
+        let Some(i) = self.ids.iter().position(|&r| r == id) else {
+            return self.parked.remove(&id).ok_or_else(|| Error::Mlx(format!("batch row {id} has no cache")));
+        };
+        self.gone.insert(id);
+        let caches = self.row(i).into_iter().map(own_row).collect::<Result<Vec<_>>>()?;
+        // Evaluated now, so that no lazy copy holds the stack's arrays (which would make the next
+        // step's in-place writes copy them).
+        mlx_rs::transforms::eval(caches.iter().flat_map(LayerCache::state))?;
+        Ok(caches)
     }
 
     /// Row `id`'s generation has ended: its caches go now if parked, else at the next arrangement.
@@ -197,6 +227,15 @@ impl BatchKvCache {
     }
 }
 
+/// A stacked row's layer as a cache of its own: copied out, so that it does not keep the stack
+/// alive.
+fn own_row(kv: Option<(Array, Array)>) -> Result<LayerCache> {
+    Ok(LayerCache::Plain(match kv {
+        Some((k, v)) => KvCache::from_contents(k.contiguous()?, v.contiguous()?),
+        None => KvCache::default(),
+    }))
+}
+
 /// A generation's own caches as a stacked row; only plain caches stack.
 fn row_kv(caches: &[LayerCache]) -> Result<RowKv> {
     caches
@@ -238,6 +277,15 @@ mod tests {
         let (k, _) = c.contents().unwrap();
         let got: Vec<f32> = (0..4).map(|i| k.index((0, 0, i, 0)).item_exact()).collect();
         assert_eq!(got, [1.0, 1.0, 1.0, 9.0]);
+        // The first positions of a stacked row, copied out; an ended row's caches, copied out.
+        let head = b.row_prefix(2, 2).unwrap().unwrap();
+        let LayerCache::Plain(c) = &head[0] else { panic!() };
+        assert_eq!(c.offset(), 2);
+        let ended = b.take_ended(2).unwrap();
+        let LayerCache::Plain(c) = &ended[0] else { panic!() };
+        let (k, _) = c.contents().unwrap();
+        let got: Vec<f32> = (0..6).map(|i| k.index((0, 0, i, 0)).item_exact()).collect();
+        assert_eq!(got, [2.0, 2.0, 2.0, 2.0, 2.0, 9.0]);
         // A forgotten stacked row is dropped at the next arrangement, not parked.
         b.forget(2);
         b.arrange(vec![(3, Some(own(2, 3.0)))]).unwrap();

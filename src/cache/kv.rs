@@ -7,7 +7,9 @@ use crate::error::Result;
 
 const STEP: i32 = 256;
 
-#[derive(Default)]
+/// Cloning is a cheap snapshot: MLX arrays are shared until written, and a write to a shared
+/// buffer copies it, so the snapshot keeps its contents.
+#[derive(Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -61,6 +63,13 @@ impl KvCache {
             (Some(k), Some(v)) if end > 0 => Some((k.index((Ellipsis, ..end, ..)), v.index((Ellipsis, ..end, ..)))),
             _ => None,
         }
+    }
+
+    /// Forgets the last `n` positions (at most all of them); returns how many.
+    pub fn trim(&mut self, n: usize) -> usize {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        n
     }
 
     /// The arrays to evaluate after a prefill chunk.

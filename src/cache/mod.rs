@@ -1,10 +1,12 @@
 //! KV caches (plain and rotating) and the attention masks that go with them.
 mod batch;
 mod kv;
+mod prefix;
 mod rotating;
 
 pub use batch::{BatchKvCache, StackedStep};
 pub use kv::KvCache;
+pub use prefix::{PrefixCache, PrefixHit, PrefixStats};
 pub use rotating::RotatingKvCache;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
@@ -43,7 +45,9 @@ pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
     Ok(mask)
 }
 
-/// A layer's cache: plain for full attention, rotating for sliding-window attention.
+/// A layer's cache: plain for full attention, rotating for sliding-window attention. Cloning
+/// one is a snapshot (no copy until either side is written).
+#[derive(Clone)]
 pub enum LayerCache {
     Plain(KvCache),
     Rotating(RotatingKvCache),
@@ -69,6 +73,28 @@ impl LayerCache {
             LayerCache::Plain(c) => c.state(),
             LayerCache::Rotating(c) => c.state(),
         }
+    }
+
+    /// Whether `trim` can remove positions: a rotating cache that has wrapped has overwritten
+    /// the positions before its window, so it cannot go back.
+    pub fn is_trimmable(&self) -> bool {
+        match self {
+            LayerCache::Plain(_) => true,
+            LayerCache::Rotating(c) => c.is_trimmable(),
+        }
+    }
+
+    /// Forgets the last `n` positions; returns how many it could.
+    pub fn trim(&mut self, n: usize) -> usize {
+        match self {
+            LayerCache::Plain(c) => c.trim(n),
+            LayerCache::Rotating(c) => c.trim(n),
+        }
+    }
+
+    /// Bytes of the buffers held (room allocated ahead included).
+    pub fn nbytes(&self) -> usize {
+        self.state().iter().map(|a| a.nbytes()).sum()
     }
 
     /// The mask for `n` new positions, computed before they are added (as mlx-lm does).

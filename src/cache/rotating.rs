@@ -9,6 +9,8 @@ use crate::error::Result;
 
 const STEP: i32 = 256;
 
+/// Cloning is a cheap snapshot, as for `KvCache`.
+#[derive(Clone)]
 pub struct RotatingKvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -36,6 +38,17 @@ impl RotatingKvCache {
         self.offset < self.max_size
     }
 
+    /// Forgets the last `n` positions, while not wrapped (see `is_trimmable`); returns how many.
+    pub fn trim(&mut self, n: usize) -> usize {
+        if !self.is_trimmable() {
+            return 0;
+        }
+        let n = (n as i32).min(self.offset);
+        self.offset -= n;
+        self.idx -= n;
+        n as usize
+    }
+
     pub fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
     }
@@ -48,7 +61,7 @@ impl RotatingKvCache {
         }
     }
 
-    fn trim(&self, trim: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
+    fn drop_oldest(&self, trim: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
         let mut parts = if trim > 0 {
             vec![v.index((Ellipsis, ..self.keep, ..)), v.index((Ellipsis, (trim + self.keep).., ..))]
         } else {
@@ -86,8 +99,8 @@ impl RotatingKvCache {
                 self.idx = k.shape()[2];
                 // Keep max_size - 1 old positions so every new token sees a full window.
                 let trim = self.idx - self.max_size + 1;
-                self.keys = Some(self.trim(trim, &k, Some(&keys))?);
-                self.values = Some(self.trim(trim, &v, Some(&values))?);
+                self.keys = Some(self.drop_oldest(trim, &k, Some(&keys))?);
+                self.values = Some(self.drop_oldest(trim, &v, Some(&values))?);
             }
             _ => {
                 self.keys = Some(keys);
@@ -122,8 +135,8 @@ impl RotatingKvCache {
         let len = self.keys.as_ref().expect("allocated above").shape()[2];
         let trim = len - self.max_size;
         if trim > 0 {
-            let k = self.trim(trim, self.keys.as_ref().unwrap(), None)?;
-            let v = self.trim(trim, self.values.as_ref().unwrap(), None)?;
+            let k = self.drop_oldest(trim, self.keys.as_ref().unwrap(), None)?;
+            let v = self.drop_oldest(trim, self.values.as_ref().unwrap(), None)?;
             self.keys = Some(k);
             self.values = Some(v);
             self.idx = self.max_size;

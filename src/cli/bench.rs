@@ -18,12 +18,12 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let engine = Engine::get();
     let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
-    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, ..Default::default() });
+    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {
         let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), prefill_chunk_size, ..Default::default() };
-        let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts }, OutputMode::Stream, false)?;
+        let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
         Ok(session.read_blocking(|_| Ok(()))?.into_result()?.metrics)
     };
     run(8)?;

@@ -181,8 +181,8 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     let vocab_size = config.vocab_size;
     let (model, loaded) = Engine::get().load(Box::new(move || Ok(weights)), config);
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
-    let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
-    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts }, OutputMode::Stream, false)?;
+    let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
+    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&tokenizer, true);
     let mut stdout = std::io::stdout().lock();
     let outcome = session.read_blocking(|event| {

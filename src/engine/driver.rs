@@ -1,16 +1,20 @@
 //! The engine thread's side of one session: prepare the plan, step the method while the
 //! consumer has room, then settle — close the run, release the lease and the collect budget,
 //! and publish the outcome. The seed's `EngineSession.#execute`, as a step machine.
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::generate::Generation;
-use super::inference::{placed_continuous, InferenceEngine, Lease, MethodSpec, Reservation};
+use super::caller_cache::CallerCaches;
+use super::generate::{Caches, Generation, PrefixUse};
+use super::inference::{placement, InferenceEngine, Lease, MethodSpec, Reservation};
 use super::method::{MethodRun, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{catch_panic, Error, Result};
+use crate::cache::PrefixCache;
 use crate::model::LanguageModel;
+use super::plan::Mechanism;
 
 /// Largest integer an f64 (a JavaScript number) holds exactly.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
@@ -143,9 +147,9 @@ impl Driver {
 
     /// One unit of this session's own work: creating its run, or one step of it.
     /// A panic inside it fails this session alone (`INTERNAL_ERROR`), released as after an error.
-    pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) {
+    pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) {
         let step = catch_panic(|| match self.run.as_mut() {
-            None => self.prepare(model).map(|()| Step::Continue),
+            None => self.prepare(model, prefix, caller_caches).map(|()| Step::Continue),
             Some(run) => run.step(&mut self.session.output()),
         });
         self.conclude(step);
@@ -168,6 +172,10 @@ impl Driver {
     /// The generation this session runs, once its run exists.
     pub fn generation(&self) -> Option<&Generation> {
         self.run.as_ref()?.generation()
+    }
+
+    pub fn generation_mut(&mut self) -> Option<&mut Generation> {
+        self.run.as_mut()?.as_generation()
     }
 
     /// The batch this session's next unit may join: its model, when that unit is a decode
@@ -215,15 +223,19 @@ impl Driver {
         self.settle(result);
     }
 
-    fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>) -> Result<()> {
+    fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) -> Result<()> {
         let plan = match self.spec.take().expect("prepared once") {
-            MethodSpec::Generate {
-                model: id,
-                prompt,
-                opts,
-            } => {
-                let continuous = placed_continuous(&opts);
-                Generation::plan(model(id)?, prompt, opts, continuous)
+            MethodSpec::Generate { model: id, prompt, opts, prefix: key, cache } => {
+                let placed = placement(&opts);
+                // A caller's own cache replaces the engine's prefix cache.
+                let caches = match cache {
+                    Some(lease) => Caches::Caller(lease, caller_caches.clone()),
+                    None if placed.prompt_cache && prefix.borrow().enabled() => {
+                        Caches::Prefix(PrefixUse { cache: prefix.clone(), namespace: key.namespace, session: key.session })
+                    }
+                    None => Caches::Fresh,
+                };
+                Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
             }
             MethodSpec::Script(script) => script.plan(),
         };

@@ -15,7 +15,8 @@ use mlx_rs::{ops, Array};
 use super::events::{FinishReason, GenerateStats};
 use super::method::{MethodRun, Plan, Step as RunStep};
 use super::session::{MethodResult, Output};
-use crate::cache::{BatchKvCache, LayerCache};
+use super::caller_cache::{CacheLease, CallerCaches};
+use crate::cache::{BatchKvCache, LayerCache, PrefixCache};
 use crate::error::{Error, Result};
 use crate::mlx::{backend, gate};
 use crate::model::LanguageModel;
@@ -42,6 +43,23 @@ impl Step {
     }
 }
 
+/// Where a generation's caches come from and go when it ends.
+pub enum Caches {
+    /// New ones, dropped at the end.
+    Fresh,
+    /// The engine's prefix cache: the longest prefix it holds, then back to it.
+    Prefix(PrefixUse),
+    /// A caller's own cache (`model.makeCache()`): taken, then given back appended to.
+    Caller(CacheLease, CallerCaches),
+}
+
+/// A generation's use of the engine's prefix cache.
+pub struct PrefixUse {
+    pub cache: Rc<RefCell<PrefixCache>>,
+    pub namespace: String,
+    pub session: Option<String>,
+}
+
 pub struct Generation {
     id: u64,
     model: Rc<dyn LanguageModel>,
@@ -51,6 +69,13 @@ pub struct Generation {
     stack: Option<Rc<RefCell<BatchKvCache>>>,
     prompt: Vec<u32>,
     prefilled: usize,
+    /// Prompt tokens already in the caches it started from.
+    cached: usize,
+    source: Caches,
+    /// Every token read back, EOS included: with the prompt, what the caches hold.
+    output: Vec<u32>,
+    /// Finished (stop or length) rather than failed: the caches are whole.
+    ended: bool,
     opts: GenerateOptions,
     eos: Vec<u32>,
     sampler: Sampler,
@@ -64,19 +89,71 @@ pub struct Generation {
 impl Generation {
     /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
     /// `continuous`: its decode steps may be batched with other generations of the model.
-    pub fn plan(
-        model: Rc<dyn LanguageModel>,
-        prompt: Vec<u32>,
-        opts: GenerateOptions,
-        continuous: bool,
-    ) -> Plan {
+    /// `caches`: where its caches come from, and go when it ends.
+    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool, caches: Caches) -> Plan {
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
                 let mut g = Generation::new(model, prompt, opts)?;
                 g.continuous = continuous;
+                g.start_from(caches)?;
                 Ok(Box::new(g) as Box<dyn MethodRun>)
             }),
+        }
+    }
+
+    fn start_from(&mut self, source: Caches) -> Result<()> {
+        let found = match &source {
+            Caches::Fresh => None,
+            Caches::Prefix(p) => p.cache.borrow_mut().take(&self.prompt, &p.namespace, p.session.as_deref()).map(|hit| (hit.caches, hit.tokens)),
+            Caches::Caller(lease, store) => lease.take(store).map(|c| {
+                let held = c.first().map_or(0, LayerCache::offset);
+                (c, held)
+            }),
+        };
+        self.source = source;
+        if let Some((caches, held)) = found {
+            // The caller's cache was checked against the prompt when the request was opened.
+            if held >= self.prompt.len() {
+                return Err(Error::Internal(format!("a cache of {held} positions for a prompt of {}", self.prompt.len())));
+            }
+            self.caches = caches;
+            self.prefilled = held;
+            self.cached = held;
+        }
+        Ok(())
+    }
+
+    /// Hands the caches on when the generation is closed: to their caller (always, holding the
+    /// prompt and every token forwarded), or to the prefix cache (when it ended whole).
+    fn return_caches(&mut self) -> Result<()> {
+        let source = std::mem::replace(&mut self.source, Caches::Fresh);
+        if matches!(source, Caches::Fresh) || (matches!(source, Caches::Prefix(_)) && !self.ended) {
+            return Ok(());
+        }
+        let caches = match self.stack.take() {
+            Some(stack) => stack.borrow_mut().take_ended(self.id),
+            None => Ok(std::mem::take(&mut self.caches)),
+        };
+        match (source, caches) {
+            (Caches::Caller(lease, _), Err(e)) => {
+                lease.lose();
+                Err(e)
+            }
+            (Caches::Caller(lease, store), Ok(caches)) => {
+                lease.give_back(&store, caches);
+                Ok(())
+            }
+            (Caches::Prefix(p), caches) => {
+                let caches = caches?;
+                let n = caches.first().map_or(0, LayerCache::offset);
+                let tokens: Vec<u32> = self.prompt.iter().chain(&self.output).copied().take(n).collect();
+                if tokens.len() == n {
+                    p.cache.borrow_mut().put(tokens, caches, &p.namespace, p.session.as_deref());
+                }
+                Ok(())
+            }
+            (Caches::Fresh, _) => Ok(()),
         }
     }
 
@@ -97,6 +174,10 @@ impl Generation {
             model,
             prompt,
             prefilled: 0,
+            cached: 0,
+            source: Caches::Fresh,
+            output: Vec::new(),
+            ended: false,
             opts,
             eos,
             sampler,
@@ -108,7 +189,8 @@ impl Generation {
         })
     }
 
-    fn done(&self, finish_reason: FinishReason) -> RunStep {
+    fn done(&mut self, finish_reason: FinishReason) -> RunStep {
+        self.ended = true;
         RunStep::Done(MethodResult {
             finish_reason,
             metrics: self.stats(),
@@ -159,6 +241,55 @@ impl Generation {
     /// Prompt tokens still to prefill: all but the last, which the first decode step forwards.
     pub fn prefill_left(&self) -> usize {
         (self.prompt.len() - 1).saturating_sub(self.prefilled)
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Prompt tokens in the caches so far.
+    pub fn prefilled(&self) -> usize {
+        self.prefilled
+    }
+
+    /// Whether this generation may share prompt prefixes with others running with it (its
+    /// placement uses the prefix cache).
+    pub fn shares_prefixes(&self) -> bool {
+        matches!(self.source, Caches::Prefix(_))
+    }
+
+    /// The model, as an identity: rows share caches only within one model.
+    pub fn model_key(&self) -> *const () {
+        Rc::as_ptr(&self.model) as *const ()
+    }
+
+    /// Caches holding the first `n` prompt tokens, if these are prefilled: a snapshot of this
+    /// generation's own caches (cheap: the arrays are shared until either side writes) with the
+    /// rest trimmed, or a copy of its row of a stacked batch; `None` when the rest cannot be
+    /// trimmed (a rotating cache that has wrapped).
+    pub fn prefix_snapshot(&self, n: usize) -> Result<Option<Vec<LayerCache>>> {
+        if self.prefilled < n {
+            return Ok(None);
+        }
+        if let Some(stack) = &self.stack {
+            return stack.borrow_mut().row_prefix(self.id, n);
+        }
+        let held = self.caches.first().map_or(0, LayerCache::offset);
+        if held > n && !self.caches.iter().all(LayerCache::is_trimmable) {
+            return Ok(None);
+        }
+        let mut caches = self.caches.clone();
+        for c in &mut caches {
+            c.trim(held - n);
+        }
+        Ok(Some(caches))
+    }
+
+    /// Starts from another row's snapshot of the first `n` prompt tokens (see `prefix_snapshot`).
+    pub fn adopt_prefix(&mut self, caches: Vec<LayerCache>, n: usize) {
+        self.caches = caches;
+        self.prefilled = n;
+        self.cached = n;
     }
 
     /// The longest prefill chunk this request allows.
@@ -287,6 +418,7 @@ impl Generation {
         if self.first_token.is_none() {
             self.first_token = Some(Instant::now());
         }
+        self.output.push(id);
         if self.eos.contains(&id) {
             return Ok(self.done(FinishReason::Stop));
         }
@@ -422,7 +554,7 @@ impl Generation {
         let prompt_tokens = self.prompt.len() as u32;
         GenerateStats {
             prompt_tokens,
-            cached_tokens: 0,
+            cached_tokens: self.cached as u32,
             generated_tokens: self.generated,
             prefill_tps: if prefill > 0.0 {
                 prompt_tokens as f64 / prefill
@@ -444,6 +576,11 @@ impl Generation {
 
 impl Drop for Generation {
     fn drop(&mut self) {
+        // Dropped without closing (after a panic in a step it took part in): a caller's cache
+        // loses its layers and starts empty.
+        if let Caches::Caller(lease, _) = std::mem::replace(&mut self.source, Caches::Fresh) {
+            lease.lose();
+        }
         if let Some(Ok(mut stack)) = self.stack.as_ref().map(|s| s.try_borrow_mut()) {
             stack.forget(self.id);
         }
@@ -467,9 +604,8 @@ impl MethodRun for Generation {
         Some(self)
     }
 
-    fn close(self: Box<Self>) -> Result<()> {
-        drop(self);
-        Ok(())
+    fn close(mut self: Box<Self>) -> Result<()> {
+        self.return_caches()
     }
 }
 

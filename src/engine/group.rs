@@ -17,6 +17,8 @@ use super::resources::Release;
 use super::scheduler::{ExecutionGroup, MixedPreparation};
 use super::session::{CancelReason, Output};
 use super::tasks::ExecutionTasks;
+use super::caller_cache::CallerCaches;
+use crate::cache::PrefixCache;
 use crate::error::{Error, Result};
 use crate::mlx::blas;
 use crate::model::LanguageModel;
@@ -42,6 +44,20 @@ pub fn lookup(models: &Models, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
         Some(ModelSlot::Loading) => Err(Error::Internal(format!("model {id} was used before its load ran"))),
         None => Err(Error::ModelDisposed),
     }
+}
+
+/// The shortest common prompt prefix that rows preparing together prefill once (shorter ones,
+/// such as a chat template's header, are not worth holding a row back a step).
+const MIN_SHARED_PREFIX: usize = 64;
+
+/// Prompt tokens `b` can take from `a`'s caches: their common prefix, leaving each row at least
+/// its last prompt token to forward.
+fn shared_prefix(a: &Generation, b: &Generation) -> usize {
+    if a.model_key() != b.model_key() {
+        return 0;
+    }
+    let common = a.prompt().iter().zip(b.prompt()).take_while(|(x, y)| x == y).count();
+    common.min(a.prompt().len() - 1).min(b.prompt().len() - 1)
 }
 
 /// How long a batch waits for rows of its last step whose consumers have not yet taken their
@@ -87,11 +103,18 @@ pub struct Group {
     batch_seq: u64,
     /// Until when batches wait for their rows' consumers (see CONSUMER_HOLD).
     hold_until: Option<Instant>,
+    /// Caches of this engine's finished generations, for later prompts that start the same way.
+    pub prefix: Rc<RefCell<PrefixCache>>,
+    /// The layers of caller-owned caches (`model.makeCache()`).
+    caller_caches: CallerCaches,
 }
 
 impl Group {
-    pub fn new(engine: Option<Arc<InferenceEngine>>, models: Models) -> Self {
+    /// `prefix`: the engine's prefix cache (one that is never enabled for the thread's group).
+    pub fn new(engine: Option<Arc<InferenceEngine>>, models: Models, prefix: Rc<RefCell<PrefixCache>>, caller_caches: CallerCaches) -> Self {
         Group {
+            prefix,
+            caller_caches,
             engine,
             models,
             drivers: Vec::new(),
@@ -121,11 +144,51 @@ impl Group {
                 if stepped == 0 {
                     blas::fit(1);
                 }
-                d.step(&model);
+                d.step(&model, &self.prefix, &self.caller_caches);
                 stepped += 1;
             }
         }
         stepped
+    }
+
+    /// Rows preparing together whose prompts start the same way prefill the shared part once:
+    /// the first of them (the leader) prefills up to the end of it, then each other row starts
+    /// from a snapshot of the leader's caches. Returns, per driver, whether it waits for its
+    /// leader this time and the chunk cap a leader keeps to stop at the shared boundary.
+    fn share_prefixes(&mut self) -> (Vec<bool>, Vec<Option<usize>>) {
+        let n = self.drivers.len();
+        let (mut waits, mut caps) = (vec![false; n], vec![None::<usize>; n]);
+        // Leaders: any earlier session's generation, preparing or decoding (drivers are in the
+        // order sessions opened).
+        fn sharing(d: &Driver) -> Option<&Generation> {
+            d.generation().filter(|g| g.shares_prefixes())
+        }
+        for f in 0..n {
+            let d = &self.drivers[f];
+            let Some(follower) = sharing(d).filter(|_| d.phase() == Phase::Preparing && d.runnable()) else {
+                continue;
+            };
+            let best = (0..f)
+                .filter(|&l| !waits[l])
+                .filter_map(|l| sharing(&self.drivers[l]).map(|g| (l, shared_prefix(g, follower))))
+                .filter(|&(_, s)| s >= MIN_SHARED_PREFIX && s > follower.prefilled())
+                .max_by_key(|&(_, s)| s);
+            let Some((l, s)) = best else { continue };
+            let leader = sharing(&self.drivers[l]).expect("found above");
+            if leader.prefilled() < s {
+                // Not there yet: the follower waits, the leader stops at the shared boundary.
+                waits[f] = true;
+                let cap = s - leader.prefilled();
+                caps[l] = Some(caps[l].map_or(cap, |c| c.min(cap)));
+                continue;
+            }
+            // A failed copy leaves the follower to prefill on its own.
+            if let Ok(Some(caches)) = leader.prefix_snapshot(s) {
+                self.prefix.borrow().record_shared(s);
+                self.drivers[f].generation_mut().expect("found above").adopt_prefix(caches, s);
+            }
+        }
+        (waits, caps)
     }
 
     /// Creates the runs of newly admitted rows, then prefills one chunk of each preparing row
@@ -133,12 +196,13 @@ impl Group {
     /// same number of tokens (the least any of them has left), so no padding is needed.
     fn prepare(&mut self, budget: usize) {
         let created = self.step_each(|_, d| d.phase() == Phase::Preparing && d.runnable() && d.generation().is_none()) > 0;
+        let (waits, caps) = self.share_prefixes();
         let mut left = budget.max(1);
         let mut groups: Vec<(Option<*const ()>, Vec<usize>)> = Vec::new();
         for (i, d) in self.drivers.iter().enumerate() {
             let Some(g) = d
                 .generation()
-                .filter(|_| d.phase() == Phase::Preparing && d.runnable())
+                .filter(|_| d.phase() == Phase::Preparing && d.runnable() && !waits[i])
             else {
                 continue;
             };
@@ -159,9 +223,8 @@ impl Group {
             let per_row = rows
                 .iter()
                 .map(|&i| {
-                    self.drivers[i]
-                        .generation()
-                        .map_or(0, |g| g.prefill_left().min(g.prefill_chunk_size()))
+                    let room = self.drivers[i].generation().map_or(0, |g| g.prefill_left().min(g.prefill_chunk_size()));
+                    caps[i].map_or(room, |c| room.min(c))
                 })
                 .min()
                 .unwrap_or(0);

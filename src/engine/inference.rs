@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use super::method::Script;
 use super::plan::{
-    resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements, Mechanism,
+    resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements,
+    ResolvedExecution,
 };
 use super::session::{CancelReason, DeliveryLimits, OutputMode, Session, SessionHooks};
 use super::thread::{Engine, ModelId};
+use super::caller_cache::CacheLease;
+use crate::cache::PrefixStats;
 use crate::error::{Error, Result};
 use crate::sample::{validate_prompt, GenerateOptions};
 
@@ -32,7 +35,12 @@ pub struct EngineOptions {
     /// Prompt tokens that prefill together when only new rows are preparing; short prompts
     /// arriving together are admitted as one burst within it.
     pub max_preparation_tokens: usize,
+    /// Bytes of layer caches the engine keeps for prompts that start the same way (0: none).
+    pub prefix_cache_bytes: u64,
 }
+
+/// The prefix cache's default cap, as mlx-bun's server (`promptCacheBytes`).
+pub const DEFAULT_PREFIX_CACHE_BYTES: u64 = 2_000_000_000;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -46,6 +54,7 @@ impl Default for EngineOptions {
             max_queued: 64,
             max_iteration_tokens: 512,
             max_preparation_tokens: 2048,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
 }
@@ -90,6 +99,13 @@ impl EngineOptions {
         o.max_queued = count("maxQueued", o.max_queued)?;
         o.max_iteration_tokens = count("maxIterationTokens", o.max_iteration_tokens)?;
         o.max_preparation_tokens = count("maxPreparationTokens", o.max_preparation_tokens)?;
+        o.prefix_cache_bytes = match map.get("prefixCacheBytes") {
+            None => o.prefix_cache_bytes,
+            Some(x) => match x.as_f64() {
+                Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&f) => f as u64,
+                _ => return Err(Error::option("prefixCacheBytes", format!("must be a non-negative safe integer, got {x}"))),
+            },
+        };
         Ok(o)
     }
 }
@@ -101,19 +117,31 @@ pub enum Source {
     Script(Script),
 }
 
+/// Which prefix-cache entries a request may start from: those of its namespace, its own
+/// session's continuation first.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixKey {
+    pub namespace: String,
+    pub session: Option<String>,
+}
+
 /// One request, already tokenized and validated.
 pub enum MethodSpec {
     Generate {
         model: ModelId,
         prompt: Vec<u32>,
         opts: GenerateOptions,
+        prefix: PrefixKey,
+        /// A caller-owned cache (`model.makeCache()`), leased for this request.
+        cache: Option<CacheLease>,
     },
     Script(Script),
 }
 
-/// Where a plain autoregressive request runs: mlx-bun 0.5's placement over what this engine
-/// can do (continuous batching of autoregressive rows; no paged KV, fill, grammar or media).
-pub(super) fn placed_continuous(opts: &GenerateOptions) -> bool {
+/// Where a plain autoregressive request runs, and whether it uses the prefix cache: mlx-bun
+/// 0.5's placement over what this engine can do (continuous batching of autoregressive rows;
+/// no paged KV, fill, grammar or media).
+pub(super) fn placement(opts: &GenerateOptions) -> ResolvedExecution {
     let requirements = ExecutionRequirements {
         has_repetition_penalty: opts.sampling.repetition_penalty > 0.0
             && opts.sampling.repetition_penalty != 1.0,
@@ -126,8 +154,7 @@ pub(super) fn placed_continuous(opts: &GenerateOptions) -> bool {
         continuous: true,
         ..Default::default()
     };
-    resolve_execution(&requirements, &capabilities, &ExecutionFeatures::default()).mechanism
-        == Mechanism::Continuous
+    resolve_execution(&requirements, &capabilities, &ExecutionFeatures::default())
 }
 
 /// Sessions alive (not yet terminal) in the whole process.
@@ -149,6 +176,8 @@ pub struct InferenceEngine {
     /// Sessions opened but not yet received by the engine thread: the scheduler counts them as
     /// queued, so a lone running row stops holding the thread as soon as one is opened.
     arriving: AtomicUsize,
+    /// The prefix cache's counters (the cache itself lives on the engine thread).
+    pub prefix_stats: Arc<PrefixStats>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +185,19 @@ pub struct EngineStats {
     pub live_sessions: usize,
     pub running: usize,
     pub reserved_collect_tokens: u64,
+    pub prefix_cache: PrefixCacheStats,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixCacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_tokens: u64,
+    pub evictions: u64,
+    pub shared_prefills: u64,
+    pub shared_tokens: u64,
+    pub bytes: u64,
+    pub entries: u64,
 }
 
 impl InferenceEngine {
@@ -169,6 +211,7 @@ impl InferenceEngine {
             reserved_collect: AtomicU64::new(0),
             sessions: Mutex::new(Vec::new()),
             arriving: AtomicUsize::new(0),
+            prefix_stats: Arc::default(),
         })
     }
 
@@ -181,6 +224,20 @@ impl InferenceEngine {
             live_sessions: self.live.load(Ordering::Acquire),
             running: self.running.load(Ordering::Acquire),
             reserved_collect_tokens: self.reserved_collect.load(Ordering::Acquire),
+            prefix_cache: {
+                let p = &self.prefix_stats;
+                let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                PrefixCacheStats {
+                    hits: get(&p.hits),
+                    misses: get(&p.misses),
+                    hit_tokens: get(&p.hit_tokens),
+                    evictions: get(&p.evictions),
+                    shared_prefills: get(&p.shared_prefills),
+                    shared_tokens: get(&p.shared_tokens),
+                    bytes: get(&p.bytes),
+                    entries: get(&p.entries),
+                }
+            },
         }
     }
 

@@ -1,5 +1,6 @@
 //! The engine: the thread that owns MLX work, sessions (bounded delivery and lifecycle), the
 //! methods they run, and the execution placement policy.
+pub mod caller_cache;
 mod driver;
 pub mod events;
 mod generate;

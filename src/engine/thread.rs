@@ -4,10 +4,11 @@
 //! Each engine's sessions form a group that the scheduler policy drives; the thread ticks every
 //! group in turn (a tick ends where the policy yields), takes new commands between ticks, fires
 //! idle timers, sleeps when no group has work, and never waits on a consumer.
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use mlx_rs::Array;
@@ -20,6 +21,8 @@ use super::inference::{InferenceEngine, MethodSpec};
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
+use super::caller_cache::CallerCaches;
+use crate::cache::PrefixCache;
 use crate::error::{catch_panic, Error, Result};
 use crate::mlx::backend::synchronize;
 use crate::mlx::{gate, host};
@@ -51,6 +54,8 @@ enum Command {
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Vec<f32>>>,
     },
+    /// A caller cache was disposed: its layers go.
+    DropCache(u64),
     /// Arbitrary MLX work that is not a model (conversion, benchmarks), queued as a task.
     Run(Box<dyn FnOnce(&mut ExecutionTasks) + Send>),
 }
@@ -102,6 +107,10 @@ impl Engine {
 
     pub fn unload(&self, model: ModelId) {
         let _ = self.send(Command::Unload(model));
+    }
+
+    pub fn drop_cache(&self, id: u64) {
+        let _ = self.send(Command::DropCache(id));
     }
 
     /// Hands a new session to the engine thread.
@@ -165,6 +174,10 @@ struct EngineLoop {
     models: Models,
     /// The thread's own group (tasks only) first, then one per engine that has sessions.
     groups: Vec<(Scheduler, Group)>,
+    /// Each engine's prefix cache. It outlives the engine's group, which goes when idle, and
+    /// goes with the engine: when it is closed, or dropped by its last owner.
+    prefixes: Vec<(Weak<InferenceEngine>, Rc<RefCell<PrefixCache>>)>,
+    caller_caches: CallerCaches,
     clock: ThreadClock,
 }
 
@@ -181,13 +194,27 @@ impl Clock for ThreadClock {
 impl EngineLoop {
     fn new(rx: Receiver<Command>) -> Self {
         let models = Models::default();
-        let system = (Scheduler::new(false), Group::new(None, models.clone()));
+        let caller_caches = CallerCaches::default();
+        let system = (Scheduler::new(false), Group::new(None, models.clone(), Default::default(), caller_caches.clone()));
         EngineLoop {
             rx,
             models,
             groups: vec![system],
+            prefixes: Vec::new(),
+            caller_caches,
             clock: ThreadClock(Instant::now()),
         }
+    }
+
+    /// `engine`'s prefix cache, made on its first session. Caches of engines dropped since go.
+    fn prefix_cache(&mut self, engine: &Arc<InferenceEngine>) -> Rc<RefCell<PrefixCache>> {
+        self.prefixes.retain(|(w, _)| w.strong_count() > 0);
+        if let Some((_, p)) = self.prefixes.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(engine))) {
+            return p.clone();
+        }
+        let p = Rc::new(RefCell::new(PrefixCache::new(engine.options.prefix_cache_bytes as usize, engine.prefix_stats.clone())));
+        self.prefixes.push((Arc::downgrade(engine), p.clone()));
+        p
     }
 
     fn run(&mut self) {
@@ -261,7 +288,10 @@ impl EngineLoop {
                     Tick::Yield => false,
                 };
             if gone {
-                self.groups.remove(i);
+                let (_, group) = self.groups.remove(i);
+                if let Some(e) = group.engine.filter(|e| e.is_closed()) {
+                    self.prefixes.retain(|(w, _)| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&e)));
+                }
             } else {
                 i += 1;
             }
@@ -275,7 +305,9 @@ impl EngineLoop {
     /// interrupted is used again.
     fn contain_panic(&mut self, i: usize, error: Error) {
         let (_, group) = &mut self.groups[i];
-        let mut fresh = Group::new(group.engine.clone(), self.models.clone());
+        // The prefix cache stays: its entries are whole (a put or take finishes before any work
+        // that could panic).
+        let mut fresh = Group::new(group.engine.clone(), self.models.clone(), group.prefix.clone(), self.caller_caches.clone());
         fresh.tasks = std::mem::take(&mut group.tasks);
         for mut d in std::mem::take(&mut group.drivers) {
             match d.phase() {
@@ -347,6 +379,9 @@ impl EngineLoop {
                 };
                 system.tasks.enqueue(load, reply);
             }
+            Command::DropCache(id) => {
+                self.caller_caches.borrow_mut().remove(&id);
+            }
             Command::Unload(id) => {
                 self.models.borrow_mut().remove(&id);
             }
@@ -364,7 +399,8 @@ impl EngineLoop {
                 {
                     Some((_, g)) => g.drivers.push(driver),
                     None => {
-                        let mut g = Group::new(Some(engine), self.models.clone());
+                        let prefix = self.prefix_cache(&engine);
+                        let mut g = Group::new(Some(engine), self.models.clone(), prefix, self.caller_caches.clone());
                         g.drivers.push(driver);
                         self.groups.push((Scheduler::new(false), g));
                     }

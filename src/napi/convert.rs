@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use napi::bindgen_prelude::{Either, Uint32Array};
 use napi_derive::napi;
 
+use crate::engine::inference::PrefixKey;
 use crate::error::{Error, Result};
 use super::tokenizer::RenderOptionsJs;
 use crate::sample::{GenerateOptions, SamplingOptions};
@@ -32,6 +33,9 @@ pub struct GenerateOptionsJs {
     pub seed: Option<f64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<f64>,
+    /// Engine requests only: the prefix-cache namespace and the caller's conversation id.
+    pub cache_namespace: Option<String>,
+    pub session_id: Option<String>,
 }
 
 fn uint(name: &'static str, v: f64) -> Result<u32> {
@@ -49,6 +53,11 @@ fn positive(name: &'static str, v: f64) -> Result<u32> {
 }
 
 impl GenerateOptionsJs {
+    /// `cacheNamespace` and `sessionId`, taken out of the options.
+    pub fn take_prefix_key(&mut self) -> PrefixKey {
+        PrefixKey { namespace: self.cache_namespace.take().unwrap_or_default(), session: self.session_id.take() }
+    }
+
     pub fn into_options(self) -> Result<GenerateOptions> {
         let d = GenerateOptions::default();
         let s = SamplingOptions::default();

@@ -4,12 +4,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Either, Float32Array, Uint32Array, Uint8Array};
+use napi::bindgen_prelude::{Either, Float32Array, PromiseRaw, Uint32Array, Uint8Array};
+use napi::Env;
 use napi_derive::napi;
 use serde_json::{json, Value};
 
 use super::convert::prompt_tokens;
 use super::js_error;
+use crate::engine::caller_cache::CacheHandle;
 use crate::engine::{Engine, ModelId, WeightsSource};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
@@ -203,21 +205,20 @@ pub async fn load_model(path: String, options: Option<LoadOptions>) -> napi::Res
     let layout = f32_matmuls(options)?;
     let (w, c) = open_source(Path::new(&path)).map_err(js_error)?;
     let model = start_load(Box::new(move || Ok(w.with_f32_matmuls(layout))), c);
-    model.wait_loaded().await?;
+    wait_loaded(model.load.clone()).await?;
     Ok(model)
 }
 
-impl Model {
-    async fn wait_loaded(&self) -> napi::Result<()> {
-        let mut load = self.load.lock().await;
-        if let Load::Pending(loaded) = &mut *load {
-            let outcome = loaded.await.unwrap_or(Err(Error::EngineDead));
-            *load = Load::Done(outcome.map_err(|e| format!("{}: {e}", e.code())));
-        }
-        match &*load {
-            Load::Done(Err(message)) => Err(napi::Error::from_reason(message.clone())),
-            _ => Ok(()),
-        }
+/// Waits for a model's load (see `Model::loaded`).
+async fn wait_loaded(load: Arc<tokio::sync::Mutex<Load>>) -> napi::Result<()> {
+    let mut load = load.lock().await;
+    if let Load::Pending(loaded) = &mut *load {
+        let outcome = loaded.await.unwrap_or(Err(Error::EngineDead));
+        *load = Load::Done(outcome.map_err(|e| format!("{}: {e}", e.code())));
+    }
+    match &*load {
+        Load::Done(Err(message)) => Err(napi::Error::from_reason(message.clone())),
+        _ => Ok(()),
     }
 }
 
@@ -240,19 +241,28 @@ impl Model {
         Ok((self.live()?, &self.config, self.disposed.clone()))
     }
 
-    /// Resolves once the model is loaded; rejects with the load's typed error.
-    #[napi]
-    pub async fn loaded(&self) -> napi::Result<()> {
-        self.wait_loaded().await
+    /// Resolves once the model is loaded; rejects with the load's typed error. (Promises own
+    /// what they wait on, never `self`: see `NativeSession::next_batch`.)
+    #[napi(catch_unwind)]
+    pub fn loaded<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
+        env.spawn_future(wait_loaded(self.load.clone()))
     }
 
     /// Last-position logits of one forward pass over `prompt` on a fresh cache.
-    #[napi]
-    pub async fn logits(&self, prompt: Either<Uint32Array, Vec<f64>>) -> napi::Result<Float32Array> {
+    #[napi(catch_unwind)]
+    pub fn logits<'env>(&self, env: &'env Env, prompt: Either<Uint32Array, Vec<f64>>) -> napi::Result<PromiseRaw<'env, Float32Array>> {
         let id = self.live()?;
         let prompt = prompt_tokens(prompt).map_err(js_error)?;
-        let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
-        Ok(Float32Array::new(v))
+        env.spawn_future(async move {
+            let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
+            Ok(Float32Array::new(v))
+        })
+    }
+
+    /// A KV cache of this model the caller keeps between generations (`generate(..., { cache })`).
+    #[napi(catch_unwind)]
+    pub fn make_cache(&self) -> napi::Result<KvCache> {
+        Ok(KvCache { inner: CacheHandle::new(self.live()?) })
     }
 
     /// Frees the weights on the engine thread once running generations finish.
@@ -261,6 +271,33 @@ impl Model {
         if !self.disposed.swap(true, Ordering::AcqRel) {
             Engine::get().unload(self.id);
         }
+    }
+}
+
+/// A caller-owned KV cache; its layers live on the engine thread (`engine::caller_cache`).
+#[napi]
+pub struct KvCache {
+    inner: Arc<CacheHandle>,
+}
+
+impl KvCache {
+    pub(super) fn handle(&self) -> &Arc<CacheHandle> {
+        &self.inner
+    }
+}
+
+#[napi]
+impl KvCache {
+    /// Positions held: the prompts and tokens forwarded by the generations that used it.
+    #[napi(getter, catch_unwind)]
+    pub fn offset(&self) -> f64 {
+        self.inner.offset() as f64
+    }
+
+    /// Frees its memory; a later use throws `INVALID_OPTION`.
+    #[napi(catch_unwind)]
+    pub fn dispose(&self) {
+        self.inner.dispose();
     }
 }
 

@@ -4,13 +4,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use napi::bindgen_prelude::{Either, Float64Array, Int32Array, Uint32Array};
+use napi::bindgen_prelude::{Either, Float64Array, Int32Array, PromiseRaw, Uint32Array};
+use napi::Env;
 use napi_derive::napi;
 use serde_json::{json, Value};
 
 use super::convert::{prompt_tokens, render_options, GenerateOptionsJs};
 use super::js_error;
-use super::model::Model;
+use super::model::{KvCache, Model};
 use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
 use crate::engine::inference::live_sessions;
 use crate::engine::method::Script;
@@ -112,6 +113,22 @@ pub struct EngineStatsJs {
     pub live_sessions: u32,
     pub running: u32,
     pub reserved_collect_tokens: f64,
+    pub prefix_cache: PrefixCacheStatsJs,
+}
+
+/// The prefix cache since the engine was created (`bytes` and `entries`: now).
+#[napi(object)]
+pub struct PrefixCacheStatsJs {
+    pub hits: f64,
+    pub misses: f64,
+    /// Prompt tokens the hits did not have to prefill.
+    pub hit_tokens: f64,
+    pub evictions: f64,
+    /// Rows that started from the prompt prefix of a row preparing with them, and those tokens.
+    pub shared_prefills: f64,
+    pub shared_tokens: f64,
+    pub bytes: f64,
+    pub entries: f64,
 }
 
 impl NativeEngine {
@@ -124,10 +141,14 @@ impl NativeEngine {
         Ok(self.chat.get_or_init(|| (tokenizer, self.template.clone().or(template))))
     }
 
-    fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, opts: GenerateOptionsJs) -> Result<MethodSpec> {
+    fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, mut opts: GenerateOptionsJs, cache: Option<&KvCache>) -> Result<MethodSpec> {
+        let prefix = opts.take_prefix_key();
         let opts = opts.into_options()?;
         let Source::Model { id, .. } = &self.inner.source else {
             let Source::Script(script) = &self.inner.source else { unreachable!() };
+            if cache.is_some() {
+                return Err(Error::option("cache", "a scripted engine has no model to cache"));
+            }
             return Ok(MethodSpec::Script(script.clone()));
         };
         let prompt = match (prompt, messages) {
@@ -139,7 +160,8 @@ impl NativeEngine {
             }
             _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
         };
-        Ok(MethodSpec::Generate { model: *id, prompt, opts })
+        let cache = cache.map(|c| c.handle().lease(*id, prompt.len())).transpose()?;
+        Ok(MethodSpec::Generate { model: *id, prompt, opts, prefix, cache })
     }
 }
 
@@ -156,6 +178,7 @@ impl NativeEngine {
         output: Option<String>,
         has_on_tokens: bool,
         aborted: bool,
+        cache: Option<&KvCache>,
     ) -> napi::Result<NativeSession> {
         let open = || -> Result<Arc<Session>> {
             if self.model_disposed.as_ref().is_some_and(|d| d.load(Ordering::Acquire)) {
@@ -165,7 +188,7 @@ impl NativeEngine {
             if mode == OutputMode::Callback && !has_on_tokens {
                 return Err(Error::option("onTokens", "a function is required with output 'callback'"));
             }
-            let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default())?;
+            let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default(), cache)?;
             self.inner.open(spec, mode, aborted)
         };
         open().map(|inner| NativeSession { inner }).map_err(js_error)
@@ -179,12 +202,15 @@ impl NativeEngine {
     }
 
     /// Cancels every session with `engine_closed` and waits until all have ended.
-    #[napi]
-    pub async fn close(&self) -> napi::Result<()> {
-        for s in self.inner.close() {
-            s.outcome().await;
-        }
-        Ok(())
+    #[napi(catch_unwind)]
+    pub fn close<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
+        let sessions = self.inner.close();
+        env.spawn_future(async move {
+            for s in sessions {
+                s.outcome().await;
+            }
+            Ok(())
+        })
     }
 
     #[napi(getter, catch_unwind)]
@@ -195,7 +221,22 @@ impl NativeEngine {
     #[napi(getter, catch_unwind)]
     pub fn stats(&self) -> EngineStatsJs {
         let s = self.inner.stats();
-        EngineStatsJs { live_sessions: s.live_sessions as u32, running: s.running as u32, reserved_collect_tokens: s.reserved_collect_tokens as f64 }
+        let p = s.prefix_cache;
+        EngineStatsJs {
+            live_sessions: s.live_sessions as u32,
+            running: s.running as u32,
+            reserved_collect_tokens: s.reserved_collect_tokens as f64,
+            prefix_cache: PrefixCacheStatsJs {
+                hits: p.hits as f64,
+                misses: p.misses as f64,
+                hit_tokens: p.hit_tokens as f64,
+                evictions: p.evictions as f64,
+                shared_prefills: p.shared_prefills as f64,
+                shared_tokens: p.shared_tokens as f64,
+                bytes: p.bytes as f64,
+                entries: p.entries as f64,
+            },
+        }
     }
 }
 
@@ -307,9 +348,13 @@ impl NativeSession {
     }
 
     /// Every ready event (waiting for one); `null` once the session has ended and been drained.
-    #[napi]
-    pub async fn next_batch(&self) -> napi::Result<Option<EventBatch>> {
-        Ok(self.inner.next_batch().await.map_err(js_error)?.map(batch))
+    /// Like every promise of these classes, its future owns what it waits on rather than
+    /// borrowing `self`: a worker's environment may be torn down (`worker.terminate()`) while
+    /// the promise is pending, freeing this object, and the future still runs to its end.
+    #[napi(catch_unwind)]
+    pub fn next_batch<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, Option<EventBatch>>> {
+        let inner = self.inner.clone();
+        env.spawn_future(async move { Ok(inner.next_batch().await.map_err(js_error)?.map(batch)) })
     }
 
     /// The consumer used `n` more of the events it was handed.
@@ -337,9 +382,15 @@ impl NativeSession {
         self.inner.fail_output(message);
     }
 
-    #[napi]
-    pub async fn outcome(&self) -> napi::Result<OutcomeJs> {
-        let o = self.inner.outcome().await;
+    #[napi(catch_unwind)]
+    pub fn outcome<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, OutcomeJs>> {
+        let inner = self.inner.clone();
+        env.spawn_future(async move { Ok(outcome_js(inner.outcome().await)) })
+    }
+}
+
+fn outcome_js(o: crate::engine::session::Outcome) -> OutcomeJs {
+    {
         let mut out = OutcomeJs {
             status: String::new(),
             committed_tokens: o.committed_tokens as f64,
@@ -370,7 +421,7 @@ impl NativeSession {
                 out.error = Some(e);
             }
         }
-        Ok(out)
+        out
     }
 }
 

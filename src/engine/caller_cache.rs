@@ -1,0 +1,111 @@
+//! Caller-owned KV caches (mlx-bun's `model.makeCache()` passed as `generate(..., { cache })`):
+//! a conversation's caches kept by the caller between generations. The layers live on the engine
+//! thread, in a store keyed by the handle's id; the handle the caller holds carries the model, the
+//! offset (positions held, read on the caller's thread) and whether a generation is using it.
+//! A generation takes the layers when it starts, treats the prompt's first `offset` tokens as
+//! already in them, and gives them back holding the prompt and every token it forwarded.
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::thread::{Engine, ModelId};
+use crate::cache::LayerCache;
+use crate::error::{Error, Result};
+
+static NEXT_CACHE: AtomicU64 = AtomicU64::new(1);
+
+/// The engine thread's layers of every caller cache that holds positions.
+pub type CallerCaches = Rc<RefCell<HashMap<u64, Vec<LayerCache>>>>;
+
+pub struct CacheHandle {
+    pub id: u64,
+    pub model: ModelId,
+    offset: AtomicU64,
+    busy: AtomicBool,
+    disposed: AtomicBool,
+}
+
+impl CacheHandle {
+    pub fn new(model: ModelId) -> Arc<Self> {
+        let id = NEXT_CACHE.fetch_add(1, Ordering::Relaxed);
+        Arc::new(CacheHandle { id, model, offset: AtomicU64::new(0), busy: AtomicBool::new(false), disposed: AtomicBool::new(false) })
+    }
+
+    /// Positions the cache holds (as of the end of its last generation).
+    pub fn offset(&self) -> u64 {
+        self.offset.load(Ordering::Acquire)
+    }
+
+    /// The cache for one generation over `prompt_len` tokens of `model`; it must hold fewer
+    /// positions than the prompt, belong to the model, be live and not in use.
+    pub fn lease(self: &Arc<Self>, model: ModelId, prompt_len: usize) -> Result<CacheLease> {
+        if self.disposed.load(Ordering::Acquire) {
+            return Err(Error::option("cache", "was disposed"));
+        }
+        if self.model != model {
+            return Err(Error::option("cache", "was made by another model"));
+        }
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Err(Error::option("cache", "is in use by another generation"));
+        }
+        let lease = CacheLease(self.clone());
+        let offset = self.offset();
+        if offset >= prompt_len as u64 {
+            return Err(Error::option("cache", format!("holds {offset} positions; the prompt must be longer (it has {prompt_len} tokens)")));
+        }
+        Ok(lease)
+    }
+
+    /// Frees the layers (on the engine thread); later use fails.
+    pub fn dispose(&self) {
+        if !self.disposed.swap(true, Ordering::AcqRel) {
+            Engine::get().drop_cache(self.id);
+        }
+    }
+}
+
+impl Drop for CacheHandle {
+    fn drop(&mut self) {
+        self.dispose();
+    }
+}
+
+/// One generation's use of a caller cache; the cache is free again when it drops.
+pub struct CacheLease(Arc<CacheHandle>);
+
+impl CacheLease {
+    /// The layers, from `store`, or none yet (the generation makes fresh ones).
+    pub fn take(&self, store: &CallerCaches) -> Option<Vec<LayerCache>> {
+        store.borrow_mut().remove(&self.0.id)
+    }
+
+    /// Puts the layers back, trimmed to the positions every layer holds (a step interrupted
+    /// between layers leaves the first ones ahead), and publishes the offset.
+    pub fn give_back(self, store: &CallerCaches, mut caches: Vec<LayerCache>) {
+        let held = caches.iter().map(LayerCache::offset).min().unwrap_or(0);
+        for c in &mut caches {
+            let extra = c.offset() - held;
+            if c.trim(extra) != extra {
+                // A rotating layer that cannot go back: the cache cannot be made whole.
+                return self.lose();
+            }
+        }
+        if !self.0.disposed.load(Ordering::Acquire) {
+            store.borrow_mut().insert(self.0.id, caches);
+            self.0.offset.store(held as u64, Ordering::Release);
+        }
+    }
+
+    /// The layers are gone (a generation that failed inside a step): the cache starts empty.
+    pub fn lose(self) {
+        self.0.offset.store(0, Ordering::Release);
+    }
+}
+
+impl Drop for CacheLease {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
