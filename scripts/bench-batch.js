@@ -27,7 +27,7 @@ const prompt = (s, vocab) => Array.from({ length: P }, (_, i) => (i * 7919 + 13 
 async function ours() {
   const m = await mlx.loadModel(model, { f32Matmuls })
   const vocab = m.config.vocabSize
-  const engine = mlx.createEngine(m, { maxActive: Math.max(...streams) })
+  const engine = mlx.createEngine(m, { maxActive: Math.max(...streams), prefixCacheBytes: 0 })
   const run = (n, maxTokens) =>
     Promise.all(Array.from({ length: n }, (_, s) => engine.open({ promptTokens: prompt(s, vocab), maxTokens, eosTokenIds: [] }, { output: 'collect' }).result))
   await run(2, 4) // warm-up

@@ -6,6 +6,9 @@
 // generate_step over the new tokens (mlx_lm.models.cache.make_prompt_cache), in a fresh process on
 // the same libmlx and BLAS. Prints one table; asserts nothing.
 //
+// Then eight sessions opened together with a 600-token common prefix, with the prefix cache (the
+// later ones start from the first one's caches) and without.
+//
 //   node scripts/bench-prefix.js [--model fixtures/smollm2-f32] [--histories 256,1000,4000] [--repeats 3]
 const path = require('node:path')
 const { execFileSync } = require('node:child_process')
@@ -78,9 +81,23 @@ async function ours(model, vocab) {
   return out
 }
 
+/** Wall time of eight sessions sharing a 600-token prefix, opened together. */
+async function shared(model, vocab, prefixCacheBytes) {
+  const engine = mlx.createEngine(model, { maxActive: 8, prefixCacheBytes })
+  const common = Array.from({ length: 600 }, (_, i) => (i * 31 + 7) % vocab)
+  const t = performance.now()
+  await Promise.all(
+    Array.from({ length: 8 }, (_, i) => engine.open({ promptTokens: [...common, 100 + i, 200 + i, 300 + i], maxTokens: 12 }, { output: 'collect' }).result),
+  )
+  const ms = performance.now() - t
+  await engine.close()
+  return ms
+}
+
 ;(async () => {
   const model = await mlx.loadModel(modelDir)
   const mine = await ours(model, model.config.vocabSize)
+  const together = [await shared(model, model.config.vocabSize, 2e9), await shared(model, model.config.vocabSize, 0)]
   model.dispose()
   const py = path.join(ROOT, '.venv/bin/python')
   const theirs = JSON.parse(execFileSync(py, ['-c', MLX_LM_SIDE, modelDir, JSON.stringify(histories), String(TURN), String(repeats)], { encoding: 'utf8' }))
@@ -91,6 +108,7 @@ async function ours(model, vocab) {
     const a = mine[h], b = theirs[h]
     console.log(`${String(h).padStart(7)} | ${f(a.cold)} | ${f(a.hit)} | ${(a.hit / a.cold).toFixed(3)} | ${f(b.cold)} | ${f(b.hit)} | ${(b.hit / b.cold).toFixed(3)} | ${(a.hit / b.hit).toFixed(2)}×`)
   }
+  console.log(`8 sessions, 600-token common prefix: ${f(together[0])} ms shared, ${f(together[1])} ms without the cache (${(together[1] / together[0]).toFixed(2)}×)`)
 })().catch((e) => {
   console.error(e)
   process.exit(1)
