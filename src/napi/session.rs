@@ -1,7 +1,7 @@
 //! Engines and sessions for JavaScript. Events cross in batches (`nextBatch` resolves with every
 //! ready event at once); index.js turns them back into one `GenerationEvent` per `next()` and
 //! calls `consumed()` as each is used, so the Rust queue bounds and idle timer see every read.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use napi::bindgen_prelude::{Either, Float64Array, Int32Array, PromiseRaw, Uint32Array};
@@ -191,7 +191,7 @@ impl NativeEngine {
             let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default(), cache)?;
             self.inner.open(spec, mode, aborted)
         };
-        open().map(|inner| NativeSession { inner }).map_err(js_error)
+        open().map(|inner| NativeSession { inner, held: Arc::default() }).map_err(js_error)
     }
 
     /// Marks the engine closed at once, on the caller's thread: an `open` right after an
@@ -327,6 +327,33 @@ pub struct OutcomeJs {
 #[napi]
 pub struct NativeSession {
     inner: Arc<Session>,
+    held: Arc<Held>,
+}
+
+/// Whether JavaScript still holds the session: by the object, or by a pending promise of it (a
+/// caller may keep only `session.result`). The session is closed once it holds neither.
+#[derive(Default)]
+struct Held {
+    pending: AtomicUsize,
+    dropped: AtomicBool,
+}
+
+impl Held {
+    fn begin(self: &Arc<Self>) -> Arc<Self> {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.clone()
+    }
+
+    /// A promise settled; returns whether nothing holds the session any more.
+    fn end(&self) -> bool {
+        self.pending.fetch_sub(1, Ordering::AcqRel) == 1 && self.dropped.load(Ordering::Acquire)
+    }
+
+    /// The object was collected; returns whether nothing holds the session any more.
+    fn drop_object(&self) -> bool {
+        self.dropped.store(true, Ordering::Release);
+        self.pending.load(Ordering::Acquire) == 0
+    }
 }
 
 #[napi]
@@ -353,8 +380,14 @@ impl NativeSession {
     /// the promise is pending, freeing this object, and the future still runs to its end.
     #[napi(catch_unwind)]
     pub fn next_batch<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, Option<EventBatch>>> {
-        let inner = self.inner.clone();
-        env.spawn_future(async move { Ok(inner.next_batch().await.map_err(js_error)?.map(batch)) })
+        let (inner, held) = (self.inner.clone(), self.held.begin());
+        env.spawn_future(async move {
+            let next = inner.next_batch().await;
+            if held.end() {
+                inner.cancel(CancelReason::ConsumerClosed);
+            }
+            Ok(next.map_err(js_error)?.map(batch))
+        })
     }
 
     /// The consumer used `n` more of the events it was handed.
@@ -384,8 +417,12 @@ impl NativeSession {
 
     #[napi(catch_unwind)]
     pub fn outcome<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, OutcomeJs>> {
-        let inner = self.inner.clone();
-        env.spawn_future(async move { Ok(outcome_js(inner.outcome().await)) })
+        let (inner, held) = (self.inner.clone(), self.held.begin());
+        env.spawn_future(async move {
+            let outcome = inner.outcome().await;
+            held.end();
+            Ok(outcome_js(outcome))
+        })
     }
 }
 
@@ -425,9 +462,12 @@ fn outcome_js(o: crate::engine::session::Outcome) -> OutcomeJs {
     }
 }
 
-/// A session JavaScript dropped without closing is closed, releasing its native state.
+/// A session JavaScript dropped without closing is closed, releasing its native state: at once,
+/// or when its last pending promise settles.
 impl Drop for NativeSession {
     fn drop(&mut self) {
-        self.inner.cancel(CancelReason::ConsumerClosed);
+        if self.held.drop_object() {
+            self.inner.cancel(CancelReason::ConsumerClosed);
+        }
     }
 }
