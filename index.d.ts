@@ -359,6 +359,8 @@ export interface InferenceEngine {
   close(): Promise<void>
   readonly closed: boolean
   readonly stats: EngineStats
+  /** What this engine can do, in `resolveExecution`'s terms: every request's placement (its lane, and whether it uses the prefix cache) is resolved against it. An extension of mlx-bun. */
+  readonly capabilities: ExecutionCapabilities
 }
 
 export function createEngine(model: Model, options?: EngineOptions): InferenceEngine

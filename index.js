@@ -330,6 +330,11 @@ class InferenceEngine {
   get stats() {
     return this.#native.stats
   }
+
+  /** What this engine can do, in `resolveExecution`'s terms; every request is placed against it. */
+  get capabilities() {
+    return this.#native.capabilities
+  }
 }
 
 /** JSON-bound values with NaN and infinities as text, which JSON cannot carry; Rust rejects them by name. */

@@ -1,6 +1,6 @@
 'use strict'
 // resolveExecution from JavaScript: mlx-bun's shapes in and out (the rules are covered by the
-// Rust table tests in src/engine/plan.rs).
+// Rust table tests in src/engine/placement.rs).
 const { test } = require('node:test')
 const assert = require('node:assert/strict')
 
@@ -39,4 +39,29 @@ test('a draft goes speculative when the lane groups it', () => {
 
 test('an unknown method is a typed error', () => {
   assert.throws(() => resolveExecution(plain, { ...caps, method: 'magic' }), { code: 'INVALID_OPTION' })
+})
+
+test("an engine reports what it can do, and its requests are placed against that", async () => {
+  const mlx = require('..')
+  const { makeTinyLlama, tmpdir } = require('./helpers')
+  const model = await mlx.loadModel(makeTinyLlama(require('node:path').join(tmpdir('caps'), 'tiny')))
+  const engine = mlx.createEngine(model)
+  try {
+    const c = engine.capabilities
+    assert.equal(c.method, 'autoregressive')
+    assert.equal(c.continuous, true)
+    // Nothing else mlx-bun's placement knows is claimed: this engine has none of it yet.
+    const claimed = Object.entries(c).filter(([k, v]) => v === true && k !== 'continuous').map(([k]) => k)
+    assert.deepEqual(claimed, [])
+    const placed = resolveExecution(plain, c)
+    assert.equal(placed.mechanism, 'continuous')
+    assert.equal(placed.promptCache, true)
+  } finally {
+    await engine.close()
+    model.dispose()
+  }
+  const scripted = mlx.testing.createScriptedEngine({ steps: [] })
+  assert.equal(scripted.capabilities.continuous, false)
+  assert.deepEqual([...resolveExecution(plain, scripted.capabilities).reasons], ['continuous-unavailable'])
+  await scripted.close()
 })

@@ -1,7 +1,7 @@
 //! The KV caches of several sequences of one model stacked into one array per layer, so that a
-//! batched decode step appends every row's key and value with one write and attends with one
-//! call, as mlx-lm's BatchKVCache does. Rows are left padded: row i holds its positions in the
-//! last `lens[i]` of the `width` columns in use, and attention masks the padding out.
+//! batched step appends every row's keys and values with one write, as mlx-lm's BatchKVCache
+//! does. Rows are left padded: row i holds its positions in the
+//! last `lens[i]` of the `width` columns in use, and attends over those only.
 use std::collections::{HashMap, HashSet};
 
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
@@ -12,12 +12,6 @@ use crate::error::{Error, Result};
 
 /// Columns are added 256 at a time, as in mlx-lm's caches.
 const STEP: i32 = 256;
-
-/// The widest padded batch whose attention is bit-identical to each row attending alone. Past
-/// it OpenBLAS splits the reduction over keys differently for the padded length than for a row's
-/// own (measured on Linux x86_64: every width up to 320 was exact, 328 was not), so padded rows
-/// then attend one by one over their own columns.
-const EXACT_WIDTH: i32 = 256;
 
 /// One row's keys and values per layer ([1, heads, len, dim]); `None` while it has no position.
 type RowKv = Vec<Option<(Array, Array)>>;
@@ -34,15 +28,40 @@ pub struct BatchKvCache {
     parked: HashMap<u64, Vec<LayerCache>>,
     /// Stacked rows whose generation has ended, dropped at the next rearrangement.
     gone: HashSet<u64>,
+    /// After a step whose rows fed different numbers of tokens: the first column it wrote and
+    /// each row's padding there. Those columns hold no position of the row; the stack is
+    /// compacted before anything else reads or extends it.
+    ragged: Option<(i32, Vec<i32>)>,
 }
 
-/// What every layer of one stacked decode step shares.
+/// What every layer of one stacked step shares.
 pub struct StackedStep {
-    /// The position each row's token takes ([rows] int32, for RoPE).
+    /// The RoPE offset of each row's first input column ([rows] int32): its position count, less
+    /// the padding in front of its tokens.
     pub offsets: Array,
-    pub mask: Mask,
-    /// Each row's columns after the step, when padded rows attend one by one (see EXACT_WIDTH).
-    pub rows: Option<Vec<(i32, i32)>>,
+    pub attention: StackedAttention,
+    /// The width before the step: its tokens take the columns from here.
+    pub before: i32,
+    counts: Vec<i32>,
+    columns: i32,
+}
+
+pub enum StackedAttention {
+    /// Every row in one call, with this mask: one token for rows of one length, whose attention is
+    /// then each row's own computation.
+    Batched(Mask),
+    /// Row by row, each over its own columns, as it attends alone. A padded batch attending in one
+    /// call is not bit-identical to its rows alone on every CPU: the BLAS kernels split the
+    /// padded reduction differently (exact up to 320 columns on an AMD EPYC's OpenBLAS kernels;
+    /// off by 5e-5 from 16 columns on an Intel Sapphire Rapids' AVX-512 ones).
+    Rows(Vec<RowSpan>),
+}
+
+/// Row `i`'s part of a row-by-row step: its first column, and the padding in front of its new
+/// tokens (their columns come after `StackedStep::before + pad`).
+pub struct RowSpan {
+    pub start: i32,
+    pub pad: i32,
 }
 
 impl BatchKvCache {
@@ -58,13 +77,14 @@ impl BatchKvCache {
     /// (`Some`); `None` for a row already here, stacked or parked. Rows left out are parked with
     /// their caches, or dropped if their generation has ended.
     pub fn arrange(&mut self, rows: Vec<(u64, Option<Vec<LayerCache>>)>) -> Result<()> {
-        if rows.iter().all(|(_, c)| c.is_none()) && rows.iter().map(|(id, _)| *id).eq(self.ids.iter().copied()) {
+        let same = rows.iter().all(|(_, c)| c.is_none()) && rows.iter().map(|(id, _)| *id).eq(self.ids.iter().copied());
+        if same && self.ragged.is_none() {
             return Ok(());
         }
         if let Some((_, Some(c))) = rows.iter().find(|(_, c)| c.is_some()) {
             self.n_layers = c.len();
         }
-        let mut stacked: HashMap<u64, RowKv> = (0..self.ids.len()).map(|i| (self.ids[i], self.row(i))).collect();
+        let mut stacked: HashMap<u64, RowKv> = (0..self.ids.len()).map(|i| Ok((self.ids[i], self.row(i)?))).collect::<Result<_>>()?;
         let mut next = Vec::with_capacity(rows.len());
         for (id, caches) in rows {
             let kv = match (caches, stacked.remove(&id)) {
@@ -97,6 +117,7 @@ impl BatchKvCache {
     /// The first `n` positions of row `id`, as caches of its own (copied; a parked row's are
     /// snapshots, trimmed).
     pub fn row_prefix(&mut self, id: u64, n: usize) -> Result<Option<Vec<LayerCache>>> {
+        self.compact()?;
         let Some(i) = self.ids.iter().position(|&r| r == id) else {
             let Some(parked) = self.parked.get(&id) else { return Ok(None) };
             let mut caches = parked.clone();
@@ -124,7 +145,7 @@ impl BatchKvCache {
             return self.parked.remove(&id).ok_or_else(|| Error::Mlx(format!("batch row {id} has no cache")));
         };
         self.gone.insert(id);
-        let caches = self.row(i).into_iter().map(own_row).collect::<Result<Vec<_>>>()?;
+        let caches = self.row(i)?.into_iter().map(own_row).collect::<Result<Vec<_>>>()?;
         // Evaluated now, so that no lazy copy holds the stack's arrays (which would make the next
         // step's in-place writes copy them).
         mlx_rs::transforms::eval(caches.iter().flat_map(LayerCache::state))?;
@@ -138,60 +159,94 @@ impl BatchKvCache {
         }
     }
 
-    /// Offsets and mask for appending one token to every row.
-    pub fn begin_step(&self) -> Result<StackedStep> {
+    /// The rows stacked now.
+    pub fn rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Starts a step feeding `counts[i]` new tokens to row `i`, right-aligned in `columns`.
+    pub fn begin_step(&mut self, counts: &[i32], columns: i32) -> Result<StackedStep> {
+        self.compact()?;
         let n = self.lens.len() as i32;
-        let offsets = Array::from_slice(&self.lens, &[n]);
-        let width = self.width + 1;
-        let starts: Vec<i32> = self.lens.iter().map(|&l| self.width - l).collect();
-        Ok(if starts.iter().all(|&s| s == 0) {
-            StackedStep { offsets, mask: Mask::None, rows: None }
-        } else if width <= EXACT_WIDTH {
-            let cols = ops::arange::<_, i32>(0, width, 1)?.reshape(&[1, 1, 1, width])?;
-            let mask = cols.ge(Array::from_slice(&starts, &[n, 1, 1, 1]))?;
-            StackedStep { offsets, mask: Mask::Array(mask), rows: None }
-        } else {
-            StackedStep { offsets, mask: Mask::None, rows: Some(starts.iter().map(|&s| (s, width)).collect()) }
-        })
-    }
-
-    /// Appends `keys`/`values` ([rows, heads, 1, dim]) at `layer`; returns the columns in use.
-    pub fn update_and_fetch(&mut self, layer: usize, keys: Array, values: Array) -> Result<(Array, Array)> {
-        let room = |like: &Array| -> Result<Array> {
-            let s = like.shape();
-            Ok(ops::zeros_dtype(&[s[0], s[1], STEP, s[3]], like.dtype())?)
-        };
-        if self.layers.len() == layer {
-            self.layers.push((room(&keys)?, room(&values)?));
-        }
         let w = self.width;
-        let (k, v) = &mut self.layers[layer];
-        if w + 1 > k.shape()[2] {
-            *k = ops::concatenate(&[k.clone(), room(k)?], 2)?;
-            *v = ops::concatenate(&[v.clone(), room(v)?], 2)?;
+        let offsets: Vec<i32> = self.lens.iter().zip(counts).map(|(&len, &c)| len - (columns - c)).collect();
+        let starts: Vec<i32> = self.lens.iter().map(|&l| w - l).collect();
+        let attention = if columns == 1 && starts.iter().all(|&s| s == 0) {
+            StackedAttention::Batched(Mask::None)
+        } else {
+            StackedAttention::Rows(starts.iter().zip(counts).map(|(&start, &c)| RowSpan { start, pad: columns - c }).collect())
+        };
+        Ok(StackedStep { offsets: Array::from_slice(&offsets, &[n]), attention, before: w, counts: counts.to_vec(), columns })
+    }
+
+    /// Appends `keys`/`values` ([rows, heads, L, dim]) at `layer`; returns the columns in use.
+    pub fn update_and_fetch(&mut self, layer: usize, keys: Array, values: Array) -> Result<(Array, Array)> {
+        let l = keys.shape()[2];
+        let room = |like: &Array, n: i32| -> Result<Array> {
+            let s = like.shape();
+            Ok(ops::zeros_dtype(&[s[0], s[1], n, s[3]], like.dtype())?)
+        };
+        let w = self.width;
+        if self.layers.len() == layer {
+            let cap = ((w + l) / STEP + 1) * STEP;
+            self.layers.push((room(&keys, cap)?, room(&values, cap)?));
         }
-        k.try_index_mut((Ellipsis, w..w + 1, ..), &keys)?;
-        v.try_index_mut((Ellipsis, w..w + 1, ..), &values)?;
-        Ok((k.index((Ellipsis, ..w + 1, ..)), v.index((Ellipsis, ..w + 1, ..))))
+        let (k, v) = &mut self.layers[layer];
+        if w + l > k.shape()[2] {
+            let more = ((w + l - k.shape()[2]) / STEP + 1) * STEP;
+            *k = ops::concatenate(&[k.clone(), room(k, more)?], 2)?;
+            *v = ops::concatenate(&[v.clone(), room(v, more)?], 2)?;
+        }
+        k.try_index_mut((Ellipsis, w..w + l, ..), &keys)?;
+        v.try_index_mut((Ellipsis, w..w + l, ..), &values)?;
+        Ok((k.index((Ellipsis, ..w + l, ..)), v.index((Ellipsis, ..w + l, ..))))
     }
 
-    /// Every layer has appended this step's token.
-    pub fn end_step(&mut self) {
-        self.width += 1;
-        self.lens.iter_mut().for_each(|l| *l += 1);
+    /// Every layer has appended this step's tokens.
+    pub fn end_step(&mut self, step: &StackedStep) {
+        self.width += step.columns;
+        self.lens.iter_mut().zip(&step.counts).for_each(|(l, &c)| *l += c);
+        let pads: Vec<i32> = step.counts.iter().map(|&c| step.columns - c).collect();
+        if pads.iter().any(|&p| p > 0) {
+            self.ragged = Some((step.before, pads));
+        }
     }
 
-    fn row(&self, i: usize) -> RowKv {
+    /// The arrays a step writes.
+    pub fn state(&self) -> Vec<&Array> {
+        self.layers.iter().flat_map(|(k, v)| [k, v]).collect()
+    }
+
+    /// Removes the padding a ragged step left (see `ragged`).
+    fn compact(&mut self) -> Result<()> {
+        if self.ragged.is_none() {
+            return Ok(());
+        }
+        let rows = (0..self.ids.len()).map(|i| Ok((self.ids[i], self.row(i)?))).collect::<Result<Vec<_>>>()?;
+        self.rebuild(rows)
+    }
+
+    /// Row `i`'s positions, per layer (views of the stack, unless padding must be cut out).
+    fn row(&self, i: usize) -> Result<RowKv> {
         let (len, w, r) = (self.lens[i], self.width, i as i32);
         if self.layers.is_empty() || len == 0 {
-            return vec![None; self.n_layers];
+            return Ok(vec![None; self.n_layers]);
         }
-        let cols = |t: &Array| t.index((r..r + 1, .., w - len..w, ..));
-        self.layers.iter().map(|(k, v)| Some((cols(k), cols(v)))).collect()
+        let cols = |t: &Array| -> Result<Array> {
+            Ok(match &self.ragged {
+                Some((gap, pads)) if pads[i] > 0 => {
+                    let start = w - len - pads[i];
+                    ops::concatenate(&[t.index((r..r + 1, .., start..*gap, ..)), t.index((r..r + 1, .., gap + pads[i]..w, ..))], 2)?
+                }
+                _ => t.index((r..r + 1, .., w - len..w, ..)),
+            })
+        };
+        self.layers.iter().map(|(k, v)| Ok(Some((cols(k)?, cols(v)?)))).collect()
     }
 
     /// Stacks `rows` anew, each left padded to the longest, with room for the next column.
     fn rebuild(&mut self, rows: Vec<(u64, RowKv)>) -> Result<()> {
+        self.ragged = None;
         let len = |kv: &RowKv| kv.iter().flatten().next().map_or(0, |(k, _)| k.shape()[2]);
         self.lens = rows.iter().map(|(_, kv)| len(kv)).collect();
         self.ids = rows.iter().map(|(id, _)| *id).collect();
@@ -260,14 +315,12 @@ mod tests {
     fn rows_join_step_sit_out_and_leave_with_their_positions() {
         let mut b = BatchKvCache::default();
         b.arrange(vec![(1, Some(own(3, 1.0))), (2, Some(own(5, 2.0)))]).unwrap();
-        let step = b.begin_step().unwrap();
-        let Mask::Array(mask) = &step.mask else { panic!("rows of different lengths need a mask") };
-        mask.eval().unwrap();
-        let mask: Vec<bool> = mask.as_slice::<bool>().to_vec();
-        assert_eq!(mask, [false, false, true, true, true, true, true, true, true, true, true, true]);
+        let step = b.begin_step(&[1, 1], 1).unwrap();
+        let StackedAttention::Rows(spans) = &step.attention else { panic!("rows of different lengths attend row by row") };
+        assert_eq!(spans.iter().map(|s| (s.start, s.pad)).collect::<Vec<_>>(), [(2, 0), (0, 0)]);
         let new = ops::full::<f32>(&[2, 2, 1, 4], Array::from_f32(9.0)).unwrap();
         let (k, _) = b.update_and_fetch(0, new.clone(), new).unwrap();
-        b.end_step();
+        b.end_step(&step);
         assert_eq!(k.shape(), &[2, 2, 6, 4]);
         assert_eq!((b.len_of(1), b.len_of(2)), (Some(4), Some(6)));
         // Row 1 sits out the next step: parked with its four positions, padding dropped.

@@ -1,10 +1,13 @@
-//! KV caches (plain and rotating) and the attention masks that go with them.
+//! KV caches (plain, rotating, stacked), the attention masks that go with them, the view one
+//! forward step writes through, and the prefix cache.
 mod batch;
 mod kv;
 mod prefix;
 mod rotating;
+mod view;
 
-pub use batch::{BatchKvCache, StackedStep};
+pub use batch::{BatchKvCache, RowSpan, StackedAttention, StackedStep};
+pub use view::{CacheView, RowsStep, StepShape};
 pub use kv::KvCache;
 pub use prefix::{PrefixCache, PrefixHit, PrefixStats};
 pub use rotating::RotatingKvCache;

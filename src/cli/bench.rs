@@ -5,7 +5,7 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::engine::session::OutputMode;
-use crate::engine::{Engine, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
+use crate::engine::{EngineThread, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::open_source;
 use crate::model::weights::F32Matmuls;
@@ -15,7 +15,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let (weights, config) = open_source(path)?;
     let weights = weights.with_f32_matmuls(f32_matmuls);
     let vocab = config.vocab_size as u32;
-    let engine = Engine::get();
+    let engine = EngineThread::get();
     let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
     let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
 use crate::engine::session::{OutputMode, SessionEvent};
-use crate::engine::{Engine, EngineOptions, FinishReason, InferenceEngine, MethodSpec, Source};
+use crate::engine::{EngineThread, EngineOptions, FinishReason, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::convert::{self, ConvertOptions};
 use crate::model::open_source;
@@ -179,7 +179,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
     opts.eos_token_ids = Some(eos);
     let vocab_size = config.vocab_size;
-    let (model, loaded) = Engine::get().load(Box::new(move || Ok(weights)), config);
+    let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
     let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
     let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
@@ -208,7 +208,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     );
     drop(session);
     drop(engine);
-    Engine::get().unload(model);
+    EngineThread::get().unload(model);
     Ok(())
 }
 
@@ -217,7 +217,7 @@ pub fn convert_model(path: &Path, out: &Path, opts: ConvertOptions) -> Result<()
     opts.validate()?;
     let (weights, config) = open_source(path)?;
     let (tokenizer, template) = load_tokenizer(path)?;
-    let (tensors, raw) = Engine::get()
+    let (tensors, raw) = EngineThread::get()
         .run(move || convert::convert(&weights, &config, &opts))
         .blocking_recv()
         .map_err(|_| Error::EngineDead)??;

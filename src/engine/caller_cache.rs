@@ -3,14 +3,15 @@
 //! thread, in a store keyed by the handle's id; the handle the caller holds carries the model, the
 //! offset (positions held, read on the caller's thread) and whether a generation is using it.
 //! A generation takes the layers when it starts, treats the prompt's first `offset` tokens as
-//! already in them, and gives them back holding the prompt and every token it forwarded.
+//! already in them, and gives them back holding the prompt and every token it forwarded. The
+//! handle itself is `inference::CacheHandle`; this is the state it shares with the thread.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::thread::{Engine, ModelId};
+use super::models::ModelId;
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 
@@ -19,7 +20,7 @@ static NEXT_CACHE: AtomicU64 = AtomicU64::new(1);
 /// The engine thread's layers of every caller cache that holds positions.
 pub type CallerCaches = Rc<RefCell<HashMap<u64, Vec<LayerCache>>>>;
 
-pub struct CacheHandle {
+pub struct CacheState {
     pub id: u64,
     pub model: ModelId,
     offset: AtomicU64,
@@ -27,10 +28,10 @@ pub struct CacheHandle {
     disposed: AtomicBool,
 }
 
-impl CacheHandle {
+impl CacheState {
     pub fn new(model: ModelId) -> Arc<Self> {
         let id = NEXT_CACHE.fetch_add(1, Ordering::Relaxed);
-        Arc::new(CacheHandle { id, model, offset: AtomicU64::new(0), busy: AtomicBool::new(false), disposed: AtomicBool::new(false) })
+        Arc::new(CacheState { id, model, offset: AtomicU64::new(0), busy: AtomicBool::new(false), disposed: AtomicBool::new(false) })
     }
 
     /// Positions the cache holds (as of the end of its last generation).
@@ -58,22 +59,14 @@ impl CacheHandle {
         Ok(lease)
     }
 
-    /// Frees the layers (on the engine thread); later use fails.
-    pub fn dispose(&self) {
-        if !self.disposed.swap(true, Ordering::AcqRel) {
-            Engine::get().drop_cache(self.id);
-        }
-    }
-}
-
-impl Drop for CacheHandle {
-    fn drop(&mut self) {
-        self.dispose();
+    /// Later use fails; returns whether this call disposed it (then its layers must go).
+    pub fn dispose(&self) -> bool {
+        !self.disposed.swap(true, Ordering::AcqRel)
     }
 }
 
 /// One generation's use of a caller cache; the cache is free again when it drops.
-pub struct CacheLease(Arc<CacheHandle>);
+pub struct CacheLease(Arc<CacheState>);
 
 impl CacheLease {
     /// The layers, from `store`, or none yet (the generation makes fresh ones).

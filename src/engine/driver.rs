@@ -7,23 +7,25 @@ use std::sync::Arc;
 
 use super::caller_cache::CallerCaches;
 use super::generate::{Caches, Generation, PrefixUse};
-use super::inference::{placement, InferenceEngine, Lease, MethodSpec, Reservation};
-use super::method::{MethodRun, Step};
+use super::admission::{Admission, Lease, Reservation};
+use super::placement::{self, Mechanism};
+use super::request::MethodSpec;
+use super::events::GenerateStats;
+use super::method::{MethodRun, Plan, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{catch_panic, Error, Result};
 use crate::cache::PrefixCache;
 use crate::model::LanguageModel;
-use super::plan::Mechanism;
 
 /// Largest integer an f64 (a JavaScript number) holds exactly.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 pub struct Driver {
     pub session: Arc<Session>,
-    pub engine: Arc<InferenceEngine>,
+    pub engine: Arc<Admission>,
     spec: Option<MethodSpec>,
-    run: Option<Box<dyn MethodRun>>,
+    run: Option<Run>,
     lease: Option<Lease>,
     reservation: Option<Reservation>,
     /// The method's result, held until its last publication has been queued.
@@ -31,6 +33,50 @@ pub struct Driver {
     settled: bool,
     /// The group's batched decode step this session last took part in (0: none).
     pub batched_at: u64,
+}
+
+/// A session's run. Generations are named apart because the group batches their model steps
+/// with other sessions' (`Group::prepare`, `Group::decode`); any other method steps alone.
+enum Run {
+    Generation(Box<Generation>),
+    Other(Box<dyn MethodRun>),
+}
+
+impl Run {
+    fn method(&mut self) -> &mut dyn MethodRun {
+        match self {
+            Run::Generation(g) => g.as_mut(),
+            Run::Other(r) => r.as_mut(),
+        }
+    }
+
+    fn metrics(&self) -> GenerateStats {
+        match self {
+            Run::Generation(g) => g.metrics(),
+            Run::Other(r) => r.metrics(),
+        }
+    }
+
+    fn close(self) -> Result<()> {
+        match self {
+            Run::Generation(g) => g.close(),
+            Run::Other(r) => r.close(),
+        }
+    }
+
+    fn generation(&self) -> Option<&Generation> {
+        match self {
+            Run::Generation(g) => Some(g),
+            Run::Other(_) => None,
+        }
+    }
+
+    fn generation_mut(&mut self) -> Option<&mut Generation> {
+        match self {
+            Run::Generation(g) => Some(g),
+            Run::Other(_) => None,
+        }
+    }
 }
 
 /// Where a session stands in its engine's group (the scheduler's view of it).
@@ -47,7 +93,7 @@ pub enum Phase {
 }
 
 impl Driver {
-    pub fn new(engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec) -> Self {
+    pub fn new(engine: Arc<Admission>, session: Arc<Session>, spec: MethodSpec) -> Self {
         Driver {
             session,
             engine,
@@ -150,7 +196,7 @@ impl Driver {
     pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) {
         let step = catch_panic(|| match self.run.as_mut() {
             None => self.prepare(model, prefix, caller_caches).map(|()| Step::Continue),
-            Some(run) => run.step(&mut self.session.output()),
+            Some(run) => run.method().step(&mut self.session.output()),
         });
         self.conclude(step);
     }
@@ -175,7 +221,7 @@ impl Driver {
     }
 
     pub fn generation_mut(&mut self) -> Option<&mut Generation> {
-        self.run.as_mut()?.as_generation()
+        self.run.as_mut()?.generation_mut()
     }
 
     /// The batch this session's next unit may join: its model, when that unit is a decode
@@ -197,14 +243,14 @@ impl Driver {
     }
 
     fn decode_key(&mut self) -> Option<*const ()> {
-        let g = self.run.as_mut()?.as_generation()?;
+        let g = self.run.as_mut()?.generation_mut()?;
         g.decode_ready().then(|| g.batch_key()).flatten()
     }
 
     /// The generation and the output a batched unit works on.
     pub fn batch_parts(&mut self) -> Option<(&mut Generation, Output<'_>)> {
         let out = self.session.output();
-        Some((self.run.as_mut()?.as_generation()?, out))
+        Some((self.run.as_mut()?.generation_mut()?, out))
     }
 
     /// Handles the outcome of one unit of the method's work.
@@ -226,7 +272,7 @@ impl Driver {
     fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) -> Result<()> {
         let plan = match self.spec.take().expect("prepared once") {
             MethodSpec::Generate { model: id, prompt, opts, prefix: key, cache } => {
-                let placed = placement(&opts);
+                let placed = placement::for_generation(&opts);
                 // A caller's own cache replaces the engine's prefix cache.
                 let caches = match cache {
                     Some(lease) => Caches::Caller(lease, caller_caches.clone()),
@@ -235,9 +281,15 @@ impl Driver {
                     }
                     None => Caches::Fresh,
                 };
-                Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
+                let plan = Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches);
+                let start = plan.start;
+                Plan { output_token_limit: plan.output_token_limit, start: Box::new(move || start().map(Run::Generation)) }
             }
-            MethodSpec::Script(script) => script.plan(),
+            MethodSpec::Script(script) => {
+                let plan = script.plan();
+                let start = plan.start;
+                Plan { output_token_limit: plan.output_token_limit, start: Box::new(move || start().map(Run::Other)) }
+            }
         };
         let limit = plan.output_token_limit;
         if limit.fract() != 0.0 || !(0.0..=MAX_SAFE_INTEGER).contains(&limit) {

@@ -13,13 +13,13 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::{ops, Array};
 
 use super::events::{FinishReason, GenerateStats};
-use super::method::{MethodRun, Plan, Step as RunStep};
+use super::method::{MethodRun, Plan, Step};
 use super::session::{MethodResult, Output};
 use super::caller_cache::{CacheLease, CallerCaches};
-use crate::cache::{BatchKvCache, LayerCache, PrefixCache};
+use crate::cache::{BatchKvCache, CacheView, LayerCache, PrefixCache};
 use crate::error::{Error, Result};
 use crate::mlx::{backend, gate};
-use crate::model::LanguageModel;
+use crate::model::{LanguageModel, Logits, StepContext, Tokens};
 use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
 
@@ -28,12 +28,13 @@ const CLEAR_CACHE_EVERY: u32 = 256;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-struct Step {
+/// The token a queued step samples (lazy until read), with its logprobs.
+struct Sampled {
     token: Array,
     logprobs: Option<PendingLogprobs>,
 }
 
-impl Step {
+impl Sampled {
     fn arrays(&self) -> Vec<&Array> {
         let mut v = vec![&self.token];
         if let Some(lp) = &self.logprobs {
@@ -79,7 +80,7 @@ pub struct Generation {
     opts: GenerateOptions,
     eos: Vec<u32>,
     sampler: Sampler,
-    pending: Option<Step>,
+    pending: Option<Sampled>,
     generated: u32,
     continuous: bool,
     started: Instant,
@@ -90,14 +91,14 @@ impl Generation {
     /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
     /// `continuous`: its decode steps may be batched with other generations of the model.
     /// `caches`: where its caches come from, and go when it ends.
-    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool, caches: Caches) -> Plan {
+    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool, caches: Caches) -> Plan<Box<Generation>> {
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
                 let mut g = Generation::new(model, prompt, opts)?;
                 g.continuous = continuous;
                 g.start_from(caches)?;
-                Ok(Box::new(g) as Box<dyn MethodRun>)
+                Ok(Box::new(g))
             }),
         }
     }
@@ -189,15 +190,15 @@ impl Generation {
         })
     }
 
-    fn done(&mut self, finish_reason: FinishReason) -> RunStep {
+    fn done(&mut self, finish_reason: FinishReason) -> Step {
         self.ended = true;
-        RunStep::Done(MethodResult {
+        Step::Done(MethodResult {
             finish_reason,
             metrics: self.stats(),
         })
     }
 
-    fn advance(&mut self, out: &mut Output<'_>) -> Result<RunStep> {
+    fn advance(&mut self, out: &mut Output<'_>) -> Result<Step> {
         if out.stopped() {
             return Ok(self.done(FinishReason::Stop));
         }
@@ -208,10 +209,10 @@ impl Generation {
         let current = self.pending.take();
         // Queue the next step before reading this one, unless this is the last token allowed.
         if let Some((input, step)) = self.next_input(current.as_ref())? {
-            let hidden = self.model.hidden(&input, &mut self.caches)?;
             let logits = self
                 .model
-                .logits(&hidden.index((.., -1.., ..)))?
+                .forward(&Tokens::uniform(input), CacheView::Rows(&mut [&mut self.caches]), &StepContext::LAST)?
+                .ok_or_else(|| Error::Internal("a decode step returned no logits".into()))?
                 .reshape(&[1, -1])?;
             let next = self.sample(&logits, step)?;
             async_eval(next.arrays())?;
@@ -221,7 +222,7 @@ impl Generation {
     }
 
     /// One prefill chunk of at most `max` prompt tokens.
-    pub fn prefill(&mut self, out: &mut Output<'_>, max: usize) -> Result<RunStep> {
+    pub fn prefill(&mut self, out: &mut Output<'_>, max: usize) -> Result<Step> {
         if out.stopped() {
             return Ok(self.done(FinishReason::Stop));
         }
@@ -231,11 +232,12 @@ impl Generation {
             between_parts()?;
             out.check_cancelled()
         };
-        self.model.prefill(&ids(chunk), &mut self.caches, &check)?;
+        let ctx = StepContext { logits: Logits::None, check: Some(&check) };
+        self.model.forward(&Tokens::one(chunk), CacheView::Rows(&mut [&mut self.caches]), &ctx)?;
         mlx_rs::memory::clear_cache()?;
         self.prefilled += n;
         out.progress(self.prefilled as f64, Some(self.prompt.len() as f64))?;
-        Ok(RunStep::Continue)
+        Ok(Step::Continue)
     }
 
     /// Prompt tokens still to prefill: all but the last, which the first decode step forwards.
@@ -303,7 +305,7 @@ impl Generation {
     pub fn prefill_batch(
         rows: &mut [(&mut Generation, Output<'_>)],
         n: usize,
-    ) -> Vec<Result<RunStep>> {
+    ) -> Vec<Result<Step>> {
         let going: Vec<bool> = rows
             .iter()
             .map(|(g, out)| !out.stopped() && g.prefill_left() >= n)
@@ -319,7 +321,7 @@ impl Generation {
                 }
                 g.prefilled += n;
                 out.progress(g.prefilled as f64, Some(g.prompt.len() as f64))?;
-                Ok(RunStep::Continue)
+                Ok(Step::Continue)
             })
             .collect()
     }
@@ -355,7 +357,8 @@ impl Generation {
                 outs[0].check_cancelled()
             }
         };
-        model.prefill_rows(&ids, &mut caches, &check)?;
+        let ctx = StepContext { logits: Logits::None, check: Some(&check) };
+        model.forward(&Tokens::uniform(ids), CacheView::Rows(&mut caches), &ctx)?;
         mlx_rs::memory::clear_cache()?;
         Ok(())
     }
@@ -374,7 +377,7 @@ impl Generation {
 
     /// The token to forward next and its sampling step: the last prompt token first, then each
     /// sampled token, except after the last token allowed.
-    fn next_input(&mut self, current: Option<&Step>) -> Result<Option<(Array, u64)>> {
+    fn next_input(&mut self, current: Option<&Sampled>) -> Result<Option<(Array, u64)>> {
         match current {
             None => Ok(Some((ids(&self.prompt[self.prompt.len() - 1..]), 0))),
             Some(c) if self.generated + 1 < self.opts.max_tokens => {
@@ -389,7 +392,7 @@ impl Generation {
     }
 
     /// The lazy token (and logprobs) sampled from `logits` [1, V].
-    fn sample(&mut self, logits: &Array, step: u64) -> Result<Step> {
+    fn sample(&mut self, logits: &Array, step: u64) -> Result<Sampled> {
         let (token, logprobs) = self.sampler.sample(logits, step)?;
         let token = token.reshape(&[1])?;
         let logprobs = if self.opts.wants_logprobs() {
@@ -401,15 +404,15 @@ impl Generation {
         } else {
             None
         };
-        Ok(Step { token, logprobs })
+        Ok(Sampled { token, logprobs })
     }
 
     /// Reads the step queued before (if any) and publishes its token.
-    fn deliver(&mut self, current: Option<Step>, out: &mut Output<'_>) -> Result<RunStep> {
+    fn deliver(&mut self, current: Option<Sampled>, out: &mut Output<'_>) -> Result<Step> {
         let total = self.prompt.len() as f64;
         let Some(current) = current else {
             out.progress(total, Some(total))?;
-            return Ok(RunStep::Continue);
+            return Ok(Step::Continue);
         };
         let id = current
             .token
@@ -435,15 +438,15 @@ impl Generation {
         if self.generated >= self.opts.max_tokens {
             return Ok(self.done(FinishReason::Length));
         }
-        Ok(RunStep::Continue)
+        Ok(Step::Continue)
     }
 
     /// One decode unit for several generations of the same model, in one graph: their next
     /// tokens are forwarded as a batch (each row keeps its own caches and length), each row
     /// samples with its own sampler and step, then each reads and publishes the token it had
     /// queued, exactly as `advance` does alone. Returns each row's result, in order.
-    pub fn step_batch(rows: &mut [(&mut Generation, Output<'_>)]) -> Vec<Result<RunStep>> {
-        let mut results: Vec<Option<Result<RunStep>>> = rows.iter().map(|_| None).collect();
+    pub fn step_batch(rows: &mut [(&mut Generation, Output<'_>)]) -> Vec<Result<Step>> {
+        let mut results: Vec<Option<Result<Step>>> = rows.iter().map(|_| None).collect();
         let mut currents = Vec::with_capacity(rows.len());
         let mut inputs = Vec::new();
         for (i, (g, out)) in rows.iter_mut().enumerate() {
@@ -480,10 +483,11 @@ impl Generation {
         };
         let model = rows[first].0.model.clone();
         let batch = ops::concatenate(&inputs.iter().map(|(_, t, _)| t).collect::<Vec<_>>(), 0)?;
-        let hidden = if model.stackable() {
+        let tokens = Tokens::uniform(batch);
+        let logits = if model.stackable() {
             let stack = Self::stack(rows, inputs)?;
             let mut stack = stack.borrow_mut();
-            model.hidden_stacked(&batch, &mut stack)?
+            model.forward(&tokens, CacheView::Stacked(&mut stack), &StepContext::LAST)?
         } else {
             let mut caches: Vec<&mut [LayerCache]> = Vec::with_capacity(inputs.len());
             let mut chosen = inputs.iter().map(|(i, ..)| *i).peekable();
@@ -493,9 +497,9 @@ impl Generation {
                     caches.push(&mut g.caches);
                 }
             }
-            model.hidden_rows(&batch, &mut caches)?
+            model.forward(&tokens, CacheView::Rows(&mut caches), &StepContext::LAST)?
         };
-        let logits = model.logits(&hidden)?;
+        let logits = logits.ok_or_else(|| Error::Internal("a decode step returned no logits".into()))?;
         let mut arrays = Vec::new();
         for (row, (i, _, step)) in inputs.iter().enumerate() {
             let g = &mut rows[*i].0;
@@ -588,20 +592,12 @@ impl Drop for Generation {
 }
 
 impl MethodRun for Generation {
-    fn step(&mut self, out: &mut Output<'_>) -> Result<RunStep> {
+    fn step(&mut self, out: &mut Output<'_>) -> Result<Step> {
         self.advance(out)
     }
 
     fn metrics(&self) -> GenerateStats {
         self.stats()
-    }
-
-    fn as_generation(&mut self) -> Option<&mut Generation> {
-        Some(self)
-    }
-
-    fn generation(&self) -> Option<&Generation> {
-        Some(self)
     }
 
     fn close(mut self: Box<Self>) -> Result<()> {

@@ -3,7 +3,6 @@
 //! prefills prompts (rows of one model in one batched forward), a decode unit steps every
 //! running row (rows of one model in one batched forward), tasks run the thread's non-row work.
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,40 +10,17 @@ use std::time::{Duration, Instant};
 
 use super::driver::{Driver, Phase};
 use super::generate::Generation;
-use super::inference::InferenceEngine;
+use super::admission::Admission;
 use super::method::Step;
 use super::resources::Release;
 use super::scheduler::{ExecutionGroup, MixedPreparation};
 use super::session::{CancelReason, Output};
+use super::models::{lookup, ModelId, Models};
 use super::tasks::ExecutionTasks;
 use super::caller_cache::CallerCaches;
 use crate::cache::PrefixCache;
 use crate::error::{Error, Result};
 use crate::mlx::blas;
-use crate::model::LanguageModel;
-
-pub type ModelId = u64;
-pub type Models = Rc<RefCell<HashMap<ModelId, ModelSlot>>>;
-
-/// A model the engine thread was asked to load. Its id exists from the moment `createModel`
-/// returns; the load runs as a task, ahead of any work on the model (commands are handled in
-/// order, and the thread's tasks run before the engines' sessions).
-pub enum ModelSlot {
-    Loading,
-    Ready(Rc<dyn LanguageModel>),
-    /// Every use fails with the load's error.
-    Failed(Error),
-}
-
-/// The loaded model `id`; the load's error if it failed; `MODEL_DISPOSED` once unloaded.
-pub fn lookup(models: &Models, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
-    match models.borrow().get(&id) {
-        Some(ModelSlot::Ready(m)) => Ok(m.clone()),
-        Some(ModelSlot::Failed(e)) => Err(e.replicate()),
-        Some(ModelSlot::Loading) => Err(Error::Internal(format!("model {id} was used before its load ran"))),
-        None => Err(Error::ModelDisposed),
-    }
-}
 
 /// The shortest common prompt prefix that rows preparing together prefill once (shorter ones,
 /// such as a chat template's header, are not worth holding a row back a step).
@@ -92,7 +68,7 @@ pub fn batch_counts() -> BatchCounts {
 
 pub struct Group {
     /// `None`: the thread's own group, which only runs tasks.
-    pub engine: Option<Arc<InferenceEngine>>,
+    pub engine: Option<Arc<Admission>>,
     models: Models,
     /// In the order they were opened: admission is FIFO.
     pub drivers: Vec<Driver>,
@@ -111,7 +87,7 @@ pub struct Group {
 
 impl Group {
     /// `prefix`: the engine's prefix cache (one that is never enabled for the thread's group).
-    pub fn new(engine: Option<Arc<InferenceEngine>>, models: Models, prefix: Rc<RefCell<PrefixCache>>, caller_caches: CallerCaches) -> Self {
+    pub fn new(engine: Option<Arc<Admission>>, models: Models, prefix: Rc<RefCell<PrefixCache>>, caller_caches: CallerCaches) -> Self {
         Group {
             prefix,
             caller_caches,
@@ -455,7 +431,7 @@ impl ExecutionGroup for Group {
         self.fail(|d| d.phase() == Phase::Active, &error);
     }
     /// A closed engine's sessions end as cancelled by `engine_closed`, whichever saw the close
-    /// first (`InferenceEngine::close` cancels them one by one after setting the flag).
+    /// first (`Admission::close` cancels them one by one after setting the flag).
     fn fail_all(&mut self, error: Error) {
         if self.closed() {
             for d in &self.drivers {

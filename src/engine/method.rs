@@ -19,20 +19,14 @@ pub trait MethodRun {
     fn metrics(&self) -> GenerateStats;
     /// Releases the run's native state; always called once, whatever happened.
     fn close(self: Box<Self>) -> Result<()>;
-    /// An autoregressive generation, whose decode steps the engine may batch with others.
-    fn as_generation(&mut self) -> Option<&mut super::generate::Generation> {
-        None
-    }
-    fn generation(&self) -> Option<&super::generate::Generation> {
-        None
-    }
 }
 
-pub struct Plan {
+/// A method's plan: its output limit, and how to start its run `R`.
+pub struct Plan<R> {
     /// Tokens the method may publish at most; must be a safe integer ≥ 0 (an `f64`, as a
     /// planner's arithmetic may produce any number and the session rejects bad ones).
     pub output_token_limit: f64,
-    pub start: Box<dyn FnOnce() -> Result<Box<dyn MethodRun>>>,
+    pub start: Box<dyn FnOnce() -> Result<R>>,
 }
 
 /// A method that replays a script: the session contract's test double, usable from JavaScript
@@ -101,7 +95,7 @@ impl Script {
         serde_json::from_value(v).map_err(|e| Error::option("script", e.to_string()))
     }
 
-    pub fn plan(&self) -> Plan {
+    pub fn plan(&self) -> Plan<Box<dyn MethodRun>> {
         let total: u64 = self
             .steps
             .iter()

@@ -1,13 +1,19 @@
 //! The engine: the thread that owns MLX work, sessions (bounded delivery and lifecycle), the
-//! methods they run, and the execution placement policy.
-pub mod caller_cache;
+//! methods they run, and the execution placement policy. Dependencies run one way: the facade
+//! (`inference`) → the thread (`thread`) → its groups and scheduler (`group`, `scheduler`) → each
+//! session's driver (`driver`) → methods (`generate`, `method`) → models and caches; `admission`,
+//! `request`, `models`, `placement`, `session`, `events` and `caller_cache` are shared below them.
+mod admission;
+mod caller_cache;
 mod driver;
 pub mod events;
 mod generate;
 mod group;
 pub mod inference;
 pub mod method;
-pub mod plan;
+mod models;
+pub mod placement;
+mod request;
 mod resources;
 mod scheduler;
 pub mod session;
@@ -15,6 +21,7 @@ mod tasks;
 mod thread;
 
 pub use events::{FinishReason, GenerateStats};
-pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
 pub use group::batch_counts;
-pub use thread::{Engine, ModelId, WeightsSource};
+pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
+pub use models::ModelId;
+pub use thread::{EngineThread, WeightsSource};

@@ -15,20 +15,21 @@ use mlx_rs::Array;
 use tokio::sync::oneshot;
 
 use super::driver::{Driver, Phase};
-pub use super::group::ModelId;
-use super::group::{lookup, Group, ModelSlot, Models};
-use super::inference::{InferenceEngine, MethodSpec};
+use super::admission::Admission;
+use super::group::Group;
+use super::models::{lookup, ModelId, ModelSlot, Models};
+use super::request::MethodSpec;
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
 use super::caller_cache::CallerCaches;
-use crate::cache::PrefixCache;
+use crate::cache::{CacheView, PrefixCache};
 use crate::error::{catch_panic, Error, Result};
 use crate::mlx::backend::synchronize;
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
-use crate::model::{create_model, LanguageModel};
+use crate::model::{create_model, LanguageModel, StepContext, Tokens};
 use crate::sample::validate_prompt;
 
 /// Produces a model's weights on the engine thread (a GGUF file is converted there).
@@ -43,7 +44,7 @@ enum Command {
     },
     Unload(ModelId),
     Open {
-        engine: Arc<InferenceEngine>,
+        engine: Arc<Admission>,
         session: Arc<Session>,
         spec: MethodSpec,
     },
@@ -62,15 +63,15 @@ enum Command {
 
 /// Cloneable handle to the process-wide engine thread.
 #[derive(Clone)]
-pub struct Engine {
+pub struct EngineThread {
     tx: Sender<Command>,
 }
 
-static ENGINE: OnceLock<Engine> = OnceLock::new();
+static ENGINE: OnceLock<EngineThread> = OnceLock::new();
 
-impl Engine {
+impl EngineThread {
     /// The engine, started on first use.
-    pub fn get() -> &'static Engine {
+    pub fn get() -> &'static EngineThread {
         ENGINE.get_or_init(|| {
             let (tx, rx) = channel();
             std::thread::Builder::new()
@@ -83,7 +84,7 @@ impl Engine {
                     engine.die();
                 })
                 .expect("spawning the engine thread");
-            Engine { tx }
+            EngineThread { tx }
         })
     }
 
@@ -114,7 +115,7 @@ impl Engine {
     }
 
     /// Hands a new session to the engine thread.
-    pub fn open(&self, engine: Arc<InferenceEngine>, session: Arc<Session>, spec: MethodSpec) {
+    pub fn open(&self, engine: Arc<Admission>, session: Arc<Session>, spec: MethodSpec) {
         if let Err(e) = self.send(Command::Open {
             engine: engine.clone(),
             session: session.clone(),
@@ -176,7 +177,7 @@ struct EngineLoop {
     groups: Vec<(Scheduler, Group)>,
     /// Each engine's prefix cache. It outlives the engine's group, which goes when idle, and
     /// goes with the engine: when it is closed, or dropped by its last owner.
-    prefixes: Vec<(Weak<InferenceEngine>, Rc<RefCell<PrefixCache>>)>,
+    prefixes: Vec<(Weak<Admission>, Rc<RefCell<PrefixCache>>)>,
     caller_caches: CallerCaches,
     clock: ThreadClock,
 }
@@ -207,7 +208,7 @@ impl EngineLoop {
     }
 
     /// `engine`'s prefix cache, made on its first session. Caches of engines dropped since go.
-    fn prefix_cache(&mut self, engine: &Arc<InferenceEngine>) -> Rc<RefCell<PrefixCache>> {
+    fn prefix_cache(&mut self, engine: &Arc<Admission>) -> Rc<RefCell<PrefixCache>> {
         self.prefixes.retain(|(w, _)| w.strong_count() > 0);
         if let Some((_, p)) = self.prefixes.iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(engine))) {
             return p.clone();
@@ -438,17 +439,16 @@ fn warm_up() {
 fn last_logits(model: &dyn LanguageModel, prompt: &[u32]) -> Result<Vec<f32>> {
     validate_prompt(prompt, model.config().vocab_size)?;
     let mut caches = model.new_cache();
-    let ids = Array::from_slice(prompt, &[1, prompt.len() as i32]);
-    let hidden = model.hidden(&ids, &mut caches)?;
-    use mlx_rs::ops::indexing::IndexOp;
-    let logits = model.logits(&hidden.index((.., -1.., ..)))?;
+    let logits = model
+        .forward(&Tokens::one(prompt), CacheView::Rows(&mut [&mut caches]), &StepContext::LAST)?
+        .ok_or_else(|| Error::Internal("a forward returned no logits".into()))?;
     host::to_f32_vec(&logits)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::inference::{EngineOptions, Source};
+    use crate::engine::admission::EngineOptions;
     use crate::engine::method::Script;
     use crate::engine::session::{DeliveryLimits, OutputMode, SessionHooks, Status};
 
@@ -463,7 +463,7 @@ mod tests {
         let (tx, rx) = channel();
         let mut engine_loop = EngineLoop::new(rx);
         let script = Script::from_json(serde_json::json!({"steps": [{"commit": [1]}]})).unwrap();
-        let engine = InferenceEngine::new(Source::Script(script.clone()), EngineOptions::default());
+        let engine = Admission::new(EngineOptions::default());
         let limits = DeliveryLimits { idle_timeout: None, max_queued_events: 8, max_queued_tokens: 8, max_top_logprobs: 2 };
         let session = || Arc::new(Session::new("s".into(), OutputMode::Collect, limits, Arc::new(NoHooks)));
         // One session the loop holds, one still on its way in the channel, one pending task.

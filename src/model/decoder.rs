@@ -2,13 +2,14 @@
 //! a stack of attention + MLP blocks (pre-norm, optionally with Gemma's post-norms), a final norm
 //! and the output projection. Architectures differ only in how they fill these parts.
 use mlx_rs::transforms::eval;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 
 use super::config::ModelConfig;
 use super::layers::{Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
-use super::LanguageModel;
-use crate::cache::{BatchKvCache, KvCache, LayerCache, Mask, RotatingKvCache, StackedStep};
+use super::{LanguageModel, Logits, StepContext, Tokens};
+use crate::cache::{CacheView, KvCache, LayerCache, RotatingKvCache, StepShape};
 use crate::error::Result;
 
 pub struct Block {
@@ -40,19 +41,8 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
-        let r = self.attn.forward(&self.input_norm.forward(x)?, mask, cache)?;
-        self.finish(x, r)
-    }
-
-    /// Independent sequences in one batch (see `Attention::forward_rows`).
-    fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
-        let r = self.attn.forward_rows(&self.input_norm.forward(x)?, masks, caches)?;
-        self.finish(x, r)
-    }
-
-    fn forward_stacked(&self, x: &Array, cache: &mut BatchKvCache, layer: usize, step: &StackedStep) -> Result<Array> {
-        let r = self.attn.forward_stacked(&self.input_norm.forward(x)?, cache, layer, step)?;
+    fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape) -> Result<Array> {
+        let r = self.attn.forward(&self.input_norm.forward(x)?, cache, layer, shape, self.sliding)?;
         self.finish(x, r)
     }
 
@@ -107,50 +97,6 @@ impl Decoder {
 }
 
 impl Decoder {
-    /// The layers, before the final norm; `after` sees each layer's output.
-    fn forward(&self, ids: &Array, caches: &mut [LayerCache], after: &mut dyn FnMut(usize, &Array) -> Result<()>) -> Result<Array> {
-        let mut h = self.embed(ids)?;
-        let n = ids.shape()[1] as usize;
-        // Masks come from the caches' state before this step, one per attention kind.
-        let full = self.layers.iter().position(|b| !b.sliding);
-        let sliding = self.layers.iter().position(|b| b.sliding);
-        let full_mask = full.map(|i| caches[i].make_mask(n, None)).transpose()?;
-        let sliding_mask = sliding.map(|i| caches[i].make_mask(n, Some(self.sliding_window))).transpose()?;
-        for (j, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            let mask = if layer.sliding { sliding_mask.as_ref() } else { full_mask.as_ref() };
-            h = layer.forward(&h, mask.expect("a mask exists for every kind of layer present"), cache)?;
-            after(j, &h)?;
-        }
-        Ok(h)
-    }
-
-    /// The same over independent rows, each on its own caches.
-    fn forward_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], after: &mut dyn FnMut(usize, &Array) -> Result<()>) -> Result<Array> {
-        let mut h = self.embed(ids)?;
-        let n = ids.shape()[1] as usize;
-        for (j, layer) in self.layers.iter().enumerate() {
-            let window = layer.sliding.then_some(self.sliding_window);
-            let masks = rows.iter().map(|c| c[j].make_mask(n, window)).collect::<Result<Vec<_>>>()?;
-            let mut caches: Vec<&mut LayerCache> = rows.iter_mut().map(|c| &mut c[j]).collect();
-            h = layer.forward_rows(&h, &masks, &mut caches)?;
-            after(j, &h)?;
-        }
-        Ok(h)
-    }
-
-    /// A prefill's step between layers: evaluate the layer, then ask `check`. The last layer's
-    /// output feeds nothing a prefill keeps, so it is left to the caches' evaluation.
-    fn between_layers<'a>(&self, check: &'a dyn Fn() -> Result<()>) -> impl FnMut(usize, &Array) -> Result<()> + 'a {
-        let last = self.layers.len() - 1;
-        move |j, h| {
-            if j < last {
-                h.eval()?;
-                check()?;
-            }
-            Ok(())
-        }
-    }
-
     fn embed(&self, ids: &Array) -> Result<Array> {
         let h = self.embed_tokens.forward(ids)?;
         Ok(match self.embed_scale {
@@ -178,45 +124,40 @@ impl LanguageModel for Decoder {
             .collect()
     }
 
-    fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array> {
-        let h = self.forward(ids, caches, &mut |_, _| Ok(()))?;
-        self.norm.forward(&h)
-    }
-
-    fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array> {
-        let h = self.forward_rows(ids, rows, &mut |_, _| Ok(()))?;
-        self.norm.forward(&h)
-    }
-
-    fn prefill(&self, ids: &Array, caches: &mut [LayerCache], check: &dyn Fn() -> Result<()>) -> Result<()> {
-        self.forward(ids, caches, &mut self.between_layers(check))?;
-        Ok(eval(caches.iter().flat_map(|c| c.state()))?)
-    }
-
-    fn prefill_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], check: &dyn Fn() -> Result<()>) -> Result<()> {
-        self.forward_rows(ids, rows, &mut self.between_layers(check))?;
-        Ok(eval(rows.iter().flat_map(|r| r.iter().flat_map(|c| c.state())))?)
-    }
-
     fn stackable(&self) -> bool {
         !self.layers.iter().any(|b| b.sliding)
     }
 
-    fn hidden_stacked(&self, ids: &Array, cache: &mut BatchKvCache) -> Result<Array> {
-        let mut h = self.embed(ids)?;
-        let step = cache.begin_step()?;
+    fn forward(&self, tokens: &Tokens, mut cache: CacheView, ctx: &StepContext) -> Result<Option<Array>> {
+        let mut h = self.embed(&tokens.ids)?;
+        let full = self.layers.iter().position(|b| !b.sliding);
+        let window = self.layers.iter().position(|b| b.sliding).map(|j| (j, self.sliding_window));
+        let shape = cache.begin(&tokens.counts, tokens.ids.shape()[1], full, window)?;
+        let last = self.layers.len() - 1;
         for (j, layer) in self.layers.iter().enumerate() {
-            h = layer.forward_stacked(&h, cache, j, &step)?;
+            h = layer.forward(&h, &mut cache, j, &shape)?;
+            // Layer by layer, a step that takes minutes on a CPU ends early when `check` fails (a
+            // cancelled request, an exit). Evaluating part of the graph earlier runs the same
+            // kernels on the same inputs. The last layer's output is left to what follows.
+            if let Some(check) = ctx.check.filter(|_| j < last) {
+                h.eval()?;
+                check()?;
+            }
         }
-        cache.end_step();
-        self.norm.forward(&h)
-    }
-
-    fn logits(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
+        cache.end(&shape);
+        let h = match ctx.logits {
+            Logits::None => {
+                eval(cache.state())?;
+                return Ok(None);
+            }
+            Logits::Last => h.index((.., -1.., ..)),
+            Logits::All => h,
+        };
+        let h = self.norm.forward(&h)?;
+        Ok(Some(match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        }))
     }
 }
 
@@ -251,10 +192,12 @@ mod tests {
         let model = create_model(w, cfg).unwrap();
         let ids = Array::from_slice(&[1u32, 502, 9, 1234, 77, 4000, 12, 8], &[1, 8]);
 
+        let tokens = Tokens::uniform(ids);
         let mut whole = model.new_cache();
-        model.hidden(&ids, &mut whole).unwrap();
+        model.forward(&tokens, CacheView::Rows(&mut [&mut whole]), &StepContext::LAST).unwrap().unwrap().eval().unwrap();
         let mut layered = model.new_cache();
-        model.prefill(&ids, &mut layered, &|| Ok(())).unwrap();
+        let ok = || Ok(());
+        model.forward(&tokens, CacheView::Rows(&mut [&mut layered]), &StepContext { logits: Logits::None, check: Some(&ok) }).unwrap();
         assert_eq!(states(&layered), states(&whole));
 
         let asked = Cell::new(0);
@@ -263,7 +206,8 @@ mod tests {
             asked.set(asked.get() + 1);
             Err(Error::Cancelled("requested"))
         };
-        let err = model.prefill(&ids, &mut stopped, &stop).unwrap_err();
+        let ctx = StepContext { logits: Logits::None, check: Some(&stop) };
+        let err = model.forward(&tokens, CacheView::Rows(&mut [&mut stopped]), &ctx).unwrap_err();
         assert!(matches!(err, Error::Cancelled("requested")), "{err}");
         assert_eq!(asked.get(), 1);
         let offsets: Vec<usize> = stopped.iter().map(|c| c.offset()).collect();

@@ -7,11 +7,12 @@ use std::ops::Range;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
+use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::config::{ModelConfig, QuantParams, RopeScaling};
 use super::weights::{F32Matmuls, Weights};
-use crate::cache::{BatchKvCache, LayerCache, Mask, StackedStep};
+use crate::cache::{CacheView, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
 use crate::mlx::backend;
 
@@ -453,57 +454,80 @@ impl Attention {
         self.o_proj.forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
 
-    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
+    /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned (see
+    /// `CacheView`); the keys and values go to the row caches, or to the stacked cache.
+    pub fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape, sliding: bool) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, k, v) = self.project(x)?;
-        let offset = cache.offset() as i32;
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
-        let o = self.attend(&q, k, v, mask, cache)?;
-        self.output(&o, b, l)
-    }
-
-    /// One batch of independent sequences, row `i` with its own cache and mask (caches may hold
-    /// different lengths): projections run batched, attention row by row.
-    pub fn forward_rows(&self, x: &Array, masks: &[Mask], caches: &mut [&mut LayerCache]) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let offsets: Vec<i32> = caches.iter().map(|c| c.offset() as i32).collect();
-        let (q, k, v) = self.project_rows(x, &Array::from_slice(&offsets, &[b]))?;
-        let rows = (0..b)
-            .zip(caches.iter_mut())
-            .zip(masks)
-            .map(|((i, cache), mask)| {
-                let row = |t: &Array| t.index(i..i + 1);
-                self.attend(&row(&q), row(&k), row(&v), mask, cache)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.output(&ops::concatenate(&rows, 0)?, b, l)
-    }
-}
-
-impl Attention {
-    /// One token for each row of a stacked cache (see `BatchKvCache`): the cache update and,
-    /// while the batch is narrow enough to stay exact, the attention run for all rows at once.
-    pub fn forward_stacked(&self, x: &Array, cache: &mut BatchKvCache, layer: usize, step: &StackedStep) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, k, v) = self.project_rows(x, &step.offsets)?;
-        let (k, v) = cache.update_and_fetch(layer, k, v)?;
-        let o = match &step.rows {
-            None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, step.mask.sdpa(), None)?,
-            Some(spans) => {
-                let rows = spans
-                    .iter()
-                    .zip(0..)
-                    .map(|(&(start, end), i)| {
-                        let cols = |t: &Array| t.index((i..i + 1, .., start..end, ..));
-                        Ok(fast::scaled_dot_product_attention(&q.index(i..i + 1), &cols(&k), &cols(&v), self.scale, None, None)?)
+        let o = match (cache, shape) {
+            (CacheView::Rows(rows), StepShape::Rows(step)) if b == 1 => {
+                // One sequence: rotated at its offset and attending over its cache, as mlx-lm does.
+                let (q, k, v) = self.project(x)?;
+                let offset = step.offsets[0];
+                let (q, k) = (self.rope.forward(&q, offset)?, self.rope.forward(&k, offset)?);
+                self.attend(&q, k, v, step.mask(0, sliding), &mut rows[0][layer])?
+            }
+            (CacheView::Rows(rows), StepShape::Rows(step)) => {
+                // Independent rows: projections batched, attention row by row on each row's cache.
+                let (q, k, v) = self.project_rows(x, &step.rope_offsets(l))?;
+                let outs = (0..b)
+                    .zip(rows.iter_mut())
+                    .map(|(i, cache)| {
+                        let pad = l - step.counts[i as usize];
+                        let row = |t: &Array| if pad == 0 { t.index(i..i + 1) } else { t.index((i..i + 1, .., pad.., ..)) };
+                        let o = self.attend(&row(&q), row(&k), row(&v), step.mask(i as usize, sliding), &mut cache[layer])?;
+                        pad_front(o, pad)
                     })
                     .collect::<Result<Vec<_>>>()?;
-                ops::concatenate(&rows, 0)?
+                ops::concatenate(&outs, 0)?
             }
+            (CacheView::Stacked(stack), StepShape::Stacked(step)) => {
+                let (q, k, v) = self.project_rows(x, &step.offsets)?;
+                let (k, v) = stack.update_and_fetch(layer, k, v)?;
+                self.attend_stacked(&q, &k, &v, step)?
+            }
+            _ => return Err(Error::Internal("a step's shape does not match its caches".into())),
         };
         self.output(&o, b, l)
     }
+
+    /// Attention over a stacked cache after the step's write (`k`, `v`: every column in use).
+    fn attend_stacked(&self, q: &Array, k: &Array, v: &Array, step: &StackedStep) -> Result<Array> {
+        let spans = match &step.attention {
+            StackedAttention::Batched(mask) => return Ok(fast::scaled_dot_product_attention(q, k, v, self.scale, mask.sdpa(), None)?),
+            StackedAttention::Rows(spans) => spans,
+        };
+        let (l, end) = (q.shape()[2], k.shape()[2]);
+        let rows = spans
+            .iter()
+            .zip(0..)
+            .map(|(s, i)| {
+                let cols = |t: &Array| -> Result<Array> {
+                    Ok(if s.pad == 0 {
+                        t.index((i..i + 1, .., s.start..end, ..))
+                    } else {
+                        let before = t.index((i..i + 1, .., s.start..step.before, ..));
+                        ops::concatenate(&[before, t.index((i..i + 1, .., step.before + s.pad..end, ..))], 2)?
+                    })
+                };
+                let q = if s.pad == 0 { q.index(i..i + 1) } else { q.index((i..i + 1, .., s.pad.., ..)) };
+                let mask = (l - s.pad > 1).then_some(ScaledDotProductAttentionMask::Causal);
+                let o = fast::scaled_dot_product_attention(&q, &cols(k)?, &cols(v)?, self.scale, mask, None)?;
+                pad_front(o, s.pad)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ops::concatenate(&rows, 0)?)
+    }
+}
+
+/// `o` [1, heads, n, dim] preceded by `pad` zero columns: a padded input position's output,
+/// which nothing reads (zeros keep it finite for the layers after).
+fn pad_front(o: Array, pad: i32) -> Result<Array> {
+    if pad == 0 {
+        return Ok(o);
+    }
+    let s = o.shape();
+    let zeros = ops::zeros_dtype(&[s[0], s[1], pad, s[3]], o.dtype())?;
+    Ok(ops::concatenate(&[zeros, o], 2)?)
 }
 
 #[derive(Clone, Copy)]

@@ -18,34 +18,72 @@ use std::path::Path;
 
 use mlx_rs::Array;
 
-use crate::cache::{BatchKvCache, LayerCache};
+use crate::cache::{CacheView, LayerCache};
 use crate::error::{Error, Result};
 use config::ModelConfig;
 use weights::Weights;
 
-/// What the engine needs from an architecture.
+/// What the engine needs from an architecture: mlx-lm's `model(inputs, cache)`.
 pub trait LanguageModel {
     fn config(&self) -> &ModelConfig;
     fn new_cache(&self) -> Vec<LayerCache>;
-    /// Final-norm hidden states [B, L, D] for `ids` [B, L], appending to `caches`.
-    fn hidden(&self, ids: &Array, caches: &mut [LayerCache]) -> Result<Array>;
-    /// The same for a batch of independent sequences, row `i` of `ids` [B, L] appending to
-    /// `rows[i]`; rows may hold different lengths.
-    fn hidden_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]]) -> Result<Array>;
-    /// Prefill: appends `ids` [1, L] to `caches` as `hidden` does, but evaluates layer by layer
-    /// and calls `check` between layers, so a step that takes minutes on a CPU ends early when
-    /// `check` fails (a cancelled request, an exit). Evaluating part of the graph earlier runs
-    /// the same kernels on the same inputs: the caches hold the same values.
-    fn prefill(&self, ids: &Array, caches: &mut [LayerCache], check: &dyn Fn() -> Result<()>) -> Result<()>;
-    /// The same for a batch of independent rows, as `hidden_rows`.
-    fn prefill_rows(&self, ids: &Array, rows: &mut [&mut [LayerCache]], check: &dyn Fn() -> Result<()>) -> Result<()>;
-    /// Whether batches can decode through `hidden_stacked` (only full-attention layers).
+    /// Whether rows can share a stacked cache (only full-attention layers).
     fn stackable(&self) -> bool;
-    /// Final-norm hidden states [B, 1, D] for one token per row of `cache` (`ids` [B, 1], in
-    /// the cache's row order), appending to it.
-    fn hidden_stacked(&self, ids: &Array, cache: &mut BatchKvCache) -> Result<Array>;
-    /// Output-vocabulary logits for hidden states.
-    fn logits(&self, hidden: &Array) -> Result<Array>;
+    /// One step: appends each row's new tokens to `cache` and returns the logits `ctx` asks for
+    /// ([B, 1, V] for the last column, [B, L, V] for all; `None` for none, after evaluating the
+    /// caches). A row's results are those it gets alone, bit for bit.
+    fn forward(&self, tokens: &Tokens, cache: CacheView, ctx: &StepContext) -> Result<Option<Array>>;
+}
+
+/// The new tokens of one step: row `i` feeds `counts[i]` tokens, right-aligned in `ids` [B, L]
+/// (the padding in front is never attended to).
+pub struct Tokens {
+    pub ids: Array,
+    pub counts: Vec<i32>,
+}
+
+impl Tokens {
+    /// Every row feeds all of `ids` [B, L].
+    pub fn uniform(ids: Array) -> Self {
+        let (b, l) = (ids.shape()[0], ids.shape()[1]);
+        Tokens { ids, counts: vec![l; b as usize] }
+    }
+
+    /// One sequence's tokens.
+    pub fn one(tokens: &[u32]) -> Self {
+        Self::uniform(Array::from_slice(tokens, &[1, tokens.len() as i32]))
+    }
+
+    /// Row `i` feeds `rows[i]` (at least one token each).
+    pub fn ragged(rows: &[&[u32]]) -> Self {
+        let l = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let ids: Vec<u32> = rows.iter().flat_map(|r| std::iter::repeat(0).take(l - r.len()).chain(r.iter().copied())).collect();
+        Tokens {
+            ids: Array::from_slice(&ids, &[rows.len() as i32, l as i32]),
+            counts: rows.iter().map(|r| r.len() as i32).collect(),
+        }
+    }
+}
+
+/// Which logits a step returns.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Logits {
+    /// None: a prefill, which only fills the caches.
+    None,
+    /// Each row's last column.
+    Last,
+    /// Every column.
+    All,
+}
+
+pub struct StepContext<'a> {
+    pub logits: Logits,
+    /// Called between layers, each evaluated first, so a long step ends early when it fails.
+    pub check: Option<&'a dyn Fn() -> Result<()>>,
+}
+
+impl StepContext<'_> {
+    pub const LAST: StepContext<'static> = StepContext { logits: Logits::Last, check: None };
 }
 
 type Loader = fn(&Weights, ModelConfig) -> Result<decoder::Decoder>;
@@ -104,3 +142,6 @@ pub fn open_source(path: &Path) -> Result<(Weights, ModelConfig)> {
     loader(&config)?;
     Ok((Weights::open_dir(path)?, config))
 }
+
+#[cfg(test)]
+mod step_tests;

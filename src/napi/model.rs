@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::convert::prompt_tokens;
 use super::js_error;
-use crate::engine::caller_cache::CacheHandle;
-use crate::engine::{Engine, ModelId, WeightsSource};
+use crate::engine::inference::CacheHandle;
+use crate::engine::{EngineThread, ModelId, WeightsSource};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
 use crate::model::{open_config, open_source};
@@ -168,7 +168,7 @@ enum Load {
 }
 
 fn start_load(weights: WeightsSource, config: ModelConfig) -> Model {
-    let (id, loaded) = Engine::get().load(weights, config.clone());
+    let (id, loaded) = EngineThread::get().load(weights, config.clone());
     Model { id, config, disposed: Arc::new(AtomicBool::new(false)), load: Arc::new(tokio::sync::Mutex::new(Load::Pending(loaded))) }
 }
 
@@ -254,7 +254,7 @@ impl Model {
         let id = self.live()?;
         let prompt = prompt_tokens(prompt).map_err(js_error)?;
         env.spawn_future(async move {
-            let v = Engine::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
+            let v = EngineThread::get().logits(id, prompt).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
             Ok(Float32Array::new(v))
         })
     }
@@ -269,19 +269,19 @@ impl Model {
     #[napi(catch_unwind)]
     pub fn dispose(&self) {
         if !self.disposed.swap(true, Ordering::AcqRel) {
-            Engine::get().unload(self.id);
+            EngineThread::get().unload(self.id);
         }
     }
 }
 
-/// A caller-owned KV cache; its layers live on the engine thread (`engine::caller_cache`).
+/// A caller-owned KV cache; its layers live on the engine thread (`engine::inference::CacheHandle`).
 #[napi]
 pub struct KvCache {
-    inner: Arc<CacheHandle>,
+    inner: CacheHandle,
 }
 
 impl KvCache {
-    pub(super) fn handle(&self) -> &Arc<CacheHandle> {
+    pub(super) fn handle(&self) -> &CacheHandle {
         &self.inner
     }
 }

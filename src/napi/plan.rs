@@ -1,8 +1,8 @@
-//! `resolveExecution` for JavaScript: mlx-bun's object shapes ↔ `engine::plan`.
+//! `resolveExecution` for JavaScript: mlx-bun's object shapes ↔ `engine::placement`.
 use napi_derive::napi;
 
 use super::js_error;
-use crate::engine::plan::{
+use crate::engine::placement::{
     resolve_execution, ExecutionCapabilities, ExecutionFeatures, ExecutionRequirements, Mechanism, Method,
 };
 use crate::error::Error;
@@ -86,7 +86,34 @@ fn method_name(m: Method) -> String {
     .into()
 }
 
-/// Where and how a request runs (mlx-bun 0.5 rules; see `engine::plan`).
+impl From<&ExecutionCapabilities> for ExecutionCapabilitiesJs {
+    fn from(c: &ExecutionCapabilities) -> Self {
+        ExecutionCapabilitiesJs {
+            method: method_name(c.method),
+            continuous: c.continuous,
+            quantized_batch: c.quantized_batch,
+            grammar_batch: c.grammar_batch,
+            checkpoints: c.checkpoints,
+            compiled_decode: Some(c.compiled_decode),
+            speculative_kv_quant: Some(c.speculative_kv_quant),
+            media_batch: Some(c.media_batch),
+            adapter_batch: Some(c.adapter_batch),
+            turbo_quant_batch: Some(c.turbo_quant_batch),
+            paged_batch: Some(c.paged_batch),
+            grouped_methods: c.grouped_methods.as_ref().map(|g| g.iter().copied().map(method_name).collect()),
+            shared_speculative_adapters: Some(c.shared_speculative_adapters),
+            speculative_logprobs: Some(c.speculative_logprobs),
+            shared_grammar_proposals: Some(c.shared_grammar_proposals),
+            speculative_turbo_quant: Some(c.speculative_turbo_quant),
+            media_prefix_cache: Some(c.media_prefix_cache),
+            shared_fill: Some(c.shared_fill),
+            shared_speculative_echo: Some(c.shared_speculative_echo),
+            shared_checkpoints: Some(c.shared_checkpoints),
+        }
+    }
+}
+
+/// Where and how a request runs (mlx-bun 0.5 rules; see `engine::placement`).
 #[napi(catch_unwind)]
 pub fn resolve_execution_native(
     request: ExecutionRequirementsJs,

@@ -9,6 +9,7 @@ use napi::Env;
 use napi_derive::napi;
 use serde_json::{json, Value};
 
+use super::plan::ExecutionCapabilitiesJs;
 use super::convert::{prompt_tokens, render_options, GenerateOptionsJs};
 use super::js_error;
 use super::model::{KvCache, Model};
@@ -216,6 +217,13 @@ impl NativeEngine {
     #[napi(getter, catch_unwind)]
     pub fn closed(&self) -> bool {
         self.inner.is_closed()
+    }
+
+    /// What this engine can do, in `resolveExecution`'s terms (every request's placement is
+    /// resolved against it).
+    #[napi(getter, catch_unwind)]
+    pub fn capabilities(&self) -> ExecutionCapabilitiesJs {
+        (&self.inner.capabilities()).into()
     }
 
     #[napi(getter, catch_unwind)]

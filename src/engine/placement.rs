@@ -1,7 +1,8 @@
 //! Execution placement (mlx-bun 0.5's `resolveExecution`): choose a request's method first, then
 //! whether it can join the continuous batch, and which optional paths (paged KV, prompt cache,
 //! checkpoints, fill, compiled decode, grammar jump) apply. Pure policy; `reasons` explains every
-//! fallback in a fixed order.
+//! fallback in a fixed order. Then what this engine can do, and where each request goes.
+use crate::sample::GenerateOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
@@ -199,6 +200,31 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
         reasons.push("grammar-jump-incompatible-with-request");
     }
     ResolvedExecution { method, mechanism, paged_kv, prompt_cache, checkpoint, fill, compiled_decode, grammar_jump, reasons }
+}
+
+/// What this engine can do: every autoregressive row of a model joins the continuous batch.
+/// Everything else mlx-bun's placement knows (quantized KV, grammar, media, adapters, paged KV,
+/// checkpoints, compiled decode, speculative methods) this engine does not have yet, and the
+/// requests that would need it are refused before they get here (`UNSUPPORTED_OPTION`).
+pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
+    ExecutionCapabilities { method: Method::Autoregressive, continuous, ..Default::default() }
+}
+
+/// The engine-wide switches this engine has turned on: none of mlx-bun's yet.
+pub fn features() -> ExecutionFeatures {
+    ExecutionFeatures::default()
+}
+
+/// Where a generation request runs, and whether it uses the prefix cache.
+pub fn for_generation(opts: &GenerateOptions) -> ResolvedExecution {
+    let requirements = ExecutionRequirements {
+        has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
+        user_seed: opts.sampling.seed != 0,
+        has_logits_extras: !opts.sampling.logit_bias.is_empty(),
+        wants_logprobs: opts.wants_logprobs(),
+        ..Default::default()
+    };
+    resolve_execution(&requirements, &capabilities(true), &features())
 }
 
 #[cfg(test)]

@@ -1,0 +1,118 @@
+//! One forward for every kind of step: rows that feed different numbers of tokens in one step get,
+//! per row, exactly the logits and caches each gets alone, on caches of their own and stacked.
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use super::{create_model, gguf, gguf_weights, LanguageModel, Logits, StepContext, Tokens};
+use crate::cache::{BatchKvCache, CacheView, LayerCache};
+use crate::mlx::host::to_f32_vec;
+
+const ALL: StepContext<'static> = StepContext { logits: Logits::All, check: None };
+const FILL: StepContext<'static> = StepContext { logits: Logits::None, check: None };
+
+fn load(var: &str) -> Option<Box<dyn LanguageModel>> {
+    let g = gguf::test_file(var)?;
+    let (w, cfg) = gguf_weights::load(&g).unwrap();
+    Some(create_model(w, cfg).unwrap())
+}
+
+/// Row histories of different lengths (so that a stack pads them), and the new tokens each row
+/// feeds in one step: 1, 3 and 7.
+fn rows() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let histories = vec![vec![1, 502, 9, 1234, 77], (10..19).collect(), vec![4000, 12]];
+    let news = vec![vec![88], vec![3, 1500, 42], vec![7, 8, 9, 10, 11, 12, 13]];
+    (histories, news)
+}
+
+fn prefilled(model: &dyn LanguageModel, history: &[u32]) -> Vec<LayerCache> {
+    let mut caches = model.new_cache();
+    model.forward(&Tokens::one(history), CacheView::Rows(&mut [&mut caches]), &FILL).unwrap();
+    caches
+}
+
+/// Row `i`'s logits for its last `n` columns of `logits` [B, L, V], as host floats.
+fn row_logits(logits: &Array, i: i32, n: i32) -> Vec<f32> {
+    let l = logits.shape()[1];
+    to_f32_vec(&logits.index((i, l - n.., ..))).unwrap()
+}
+
+
+fn alone(model: &dyn LanguageModel, history: &[u32], new: &[u32]) -> (Vec<f32>, Vec<LayerCache>) {
+    let mut caches = prefilled(model, history);
+    let logits = model.forward(&Tokens::one(new), CacheView::Rows(&mut [&mut caches]), &ALL).unwrap().unwrap();
+    (to_f32_vec(&logits).unwrap(), caches)
+}
+
+fn assert_same(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(got == want, "{what}: differs from the row alone (max |diff| {worst})");
+}
+
+/// Each layer's keys and values at the positions held (none of these caches has wrapped), as
+/// host floats.
+fn contents(caches: &[LayerCache]) -> Vec<Vec<f32>> {
+    caches
+        .iter()
+        .flat_map(|c| c.state().into_iter().map(move |a| to_f32_vec(&a.index((.., .., ..c.offset() as i32, ..)).contiguous().unwrap()).unwrap()))
+        .collect()
+}
+
+fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
+    let (histories, news) = rows();
+    let alone: Vec<(Vec<f32>, Vec<LayerCache>)> = histories.iter().zip(&news).map(|(h, n)| alone(model, h, n)).collect();
+    let news_ref: Vec<&[u32]> = news.iter().map(Vec::as_slice).collect();
+    let tokens = Tokens::ragged(&news_ref);
+    let mut own: Vec<Vec<LayerCache>> = histories.iter().map(|h| prefilled(model, h)).collect();
+    let mut stack = BatchKvCache::default();
+    let logits = if stacked {
+        stack.arrange(own.drain(..).enumerate().map(|(i, c)| (i as u64, Some(c))).collect()).unwrap();
+        model.forward(&tokens, CacheView::Stacked(&mut stack), &ALL).unwrap().unwrap()
+    } else {
+        let mut views: Vec<&mut [LayerCache]> = own.iter_mut().map(Vec::as_mut_slice).collect();
+        model.forward(&tokens, CacheView::Rows(&mut views), &ALL).unwrap().unwrap()
+    };
+    assert_eq!(logits.shape()[..2], [3, 7]);
+    let kind = if stacked { "stacked" } else { "own caches" };
+    for (i, (want, _)) in alone.iter().enumerate() {
+        assert_same(&row_logits(&logits, i as i32, news[i].len() as i32), want, &format!("row {i} ({kind})"));
+    }
+    // The next step feeds one token per row; each row continues as it would alone.
+    let next = [5u32, 6, 7];
+    let one: Vec<&[u32]> = next.iter().map(std::slice::from_ref).collect();
+    let logits = if stacked {
+        model.forward(&Tokens::ragged(&one), CacheView::Stacked(&mut stack), &ALL).unwrap().unwrap()
+    } else {
+        let mut views: Vec<&mut [LayerCache]> = own.iter_mut().map(Vec::as_mut_slice).collect();
+        model.forward(&Tokens::ragged(&one), CacheView::Rows(&mut views), &ALL).unwrap().unwrap()
+    };
+    for (i, (_, caches)) in alone.into_iter().enumerate() {
+        let mut caches = caches;
+        let want = model.forward(&Tokens::one(&next[i..i + 1]), CacheView::Rows(&mut [&mut caches]), &ALL).unwrap().unwrap();
+        assert_same(&row_logits(&logits, i as i32, 1), &to_f32_vec(&want).unwrap(), &format!("row {i}, next step ({kind})"));
+        let held = if stacked { stack.take(i as u64).unwrap() } else { std::mem::take(&mut own[i]) };
+        assert_eq!(held[0].offset(), histories[i].len() + news[i].len() + 1);
+        assert_eq!(contents(&held), contents(&caches), "row {i}'s cache ({kind})");
+    }
+}
+
+/// Set MLX_BUN_TEST_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (real weights) and run with
+/// `--ignored`.
+#[test]
+#[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
+fn rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
+    let Some(model) = load("MLX_BUN_TEST_GGUF") else { return };
+    assert!(model.stackable());
+    check_ragged_step(model.as_ref(), false);
+    check_ragged_step(model.as_ref(), true);
+}
+
+/// The same for Gemma 3, whose sliding-window layers keep rotating caches (rows on caches of
+/// their own). Set MLX_BUN_TEST_GEMMA_GGUF to gemma-3-270m-q4_k_m.gguf.
+#[test]
+#[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
+fn gemma_rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
+    let Some(model) = load("MLX_BUN_TEST_GEMMA_GGUF") else { return };
+    assert!(!model.stackable());
+    check_ragged_step(model.as_ref(), false);
+}
