@@ -5,6 +5,7 @@ export type ErrorCode =
   | 'MODEL_NOT_FOUND'
   | 'INVALID_WEIGHTS'
   | 'INVALID_CONFIG'
+  | 'INVALID_CACHE_FILE'
   | 'UNSUPPORTED_MODEL_TYPE'
   | 'UNSUPPORTED_QUANTIZATION'
   | 'INVALID_TENSOR'
@@ -104,6 +105,21 @@ export interface KvCache {
   /** Frees its memory now (also on garbage collection); using it later throws `INVALID_OPTION`. */
   dispose(): void
 }
+
+/**
+ * Writes `cache` to `path` (Rust: `cache::file`): a versioned file whose tensors start on 4 KiB
+ * pages, fingerprinted to the model's weights, written through a temporary file so a crash never
+ * leaves half a file. Rejects `INVALID_OPTION` while a generation uses the cache. An extension:
+ * mlx-bun keeps its own `saveKvCache` internal.
+ */
+export function saveKvCache(cache: KvCache, path: string): Promise<void>
+
+/**
+ * A new cache of `model` holding what `saveKvCache` wrote (a conversation restored after a
+ * restart: the next generation prefills only what follows). A file of another model, of another
+ * format version, truncated or damaged rejects with `INVALID_CACHE_FILE`; a missing one `IO_ERROR`.
+ */
+export function loadKvCache(model: Model, path: string): Promise<KvCache>
 
 /** How a model is built (Rust: `napi::model::LoadOptions`). */
 export interface LoadOptions {

@@ -475,6 +475,20 @@ function loadOptions(options) {
   return options
 }
 
+/** Saves a cache made by `model.makeCache()` to `path`; resolves once the file is written. */
+function saveKvCache(cache, path) {
+  if (!(cache instanceof native.KvCache)) throw coded('INVALID_OPTION', 'cache: must be a cache made by model.makeCache()')
+  if (typeof path !== 'string' || path === '') throw coded('INVALID_OPTION', 'path: must be a non-empty string')
+  return wrap(native.saveKvCache)(cache, path)
+}
+
+/** A new cache of `model` restored from a file `saveKvCache` wrote. */
+function loadKvCache(model, path) {
+  if (!(model instanceof native.Model)) throw coded('INVALID_OPTION', 'model: must be a model (createModel, loadModel)')
+  if (typeof path !== 'string' || path === '') throw coded('INVALID_OPTION', 'path: must be a non-empty string')
+  return wrap(native.loadKvCache)(model, path)
+}
+
 /** mlx-bun 0.5's placement policy; the result is frozen, as in mlx-bun. */
 function resolveExecution(request, capabilities, features) {
   const r = wrap(native.resolveExecutionNative)(request, capabilities, features)
@@ -497,6 +511,8 @@ module.exports = {
   convert: wrap(native.convert),
   runCli: wrap(native.runCli),
   resolveExecution,
+  saveKvCache,
+  loadKvCache,
   Weights,
   Model: native.Model,
   Tokenizer: native.Tokenizer,

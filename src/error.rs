@@ -10,6 +10,9 @@ pub enum Error {
     InvalidWeights { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     InvalidConfig { path: PathBuf, reason: String },
+    /// A saved KV cache that cannot be restored: damaged, of another version, or of another model.
+    #[error("{path}: {reason}")]
+    InvalidCacheFile { path: PathBuf, reason: String },
     #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3)")]
     UnsupportedModelType(String),
     #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
@@ -82,6 +85,7 @@ impl Error {
             Error::ModelNotFound(_) => "MODEL_NOT_FOUND",
             Error::InvalidWeights { .. } => "INVALID_WEIGHTS",
             Error::InvalidConfig { .. } => "INVALID_CONFIG",
+            Error::InvalidCacheFile { .. } => "INVALID_CACHE_FILE",
             Error::UnsupportedModelType(_) => "UNSUPPORTED_MODEL_TYPE",
             Error::UnsupportedQuant { .. } => "UNSUPPORTED_QUANTIZATION",
             Error::Tensor { .. } => "INVALID_TENSOR",

@@ -1,6 +1,7 @@
 //! KV caches (plain, rotating, stacked), the attention masks that go with them, the view one
 //! forward step writes through, and the prefix cache.
 mod batch;
+pub mod file;
 mod kv;
 mod prefix;
 mod rotating;

@@ -33,6 +33,25 @@ impl RotatingKvCache {
         self.max_size as usize
     }
 
+    pub fn keep(&self) -> usize {
+        self.keep as usize
+    }
+
+    /// The positions held, in temporal order (what a saved cache keeps), if any.
+    pub fn ordered(&self) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => Ok(Some((self.temporal_order(k)?, self.temporal_order(v)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// A cache that has seen `offset` positions and holds the last of them, `keys`/`values`
+    /// ([1, heads, L, dim], L ≤ offset), in temporal order: the state a multi-token write leaves.
+    pub fn from_ordered(max_size: usize, keep: usize, keys: Array, values: Array, offset: usize) -> Self {
+        let idx = keys.shape()[2];
+        RotatingKvCache { keys: Some(keys), values: Some(values), offset: offset as i32, max_size: max_size as i32, keep: keep as i32, idx }
+    }
+
     /// Whether `trim` can still remove positions (not once the window has wrapped).
     pub fn is_trimmable(&self) -> bool {
         self.offset < self.max_size

@@ -11,9 +11,13 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::path::Path;
+
 use super::models::ModelId;
+use crate::cache::file::{self, Expected};
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
+use crate::model::LanguageModel;
 
 static NEXT_CACHE: AtomicU64 = AtomicU64::new(1);
 
@@ -69,6 +73,10 @@ impl CacheState {
 pub struct CacheLease(Arc<CacheState>);
 
 impl CacheLease {
+    pub fn model(&self) -> ModelId {
+        self.0.model
+    }
+
     /// The layers, from `store`, or none yet (the generation makes fresh ones).
     pub fn take(&self, store: &CallerCaches) -> Option<Vec<LayerCache>> {
         store.borrow_mut().remove(&self.0.id)
@@ -101,4 +109,23 @@ impl Drop for CacheLease {
     fn drop(&mut self) {
         self.0.busy.store(false, Ordering::Release);
     }
+}
+
+/// Writes the cache `lease` holds (of `model`) to `path`; the cache keeps its layers.
+pub fn save(lease: CacheLease, store: &CallerCaches, model: &dyn LanguageModel, path: &Path) -> Result<()> {
+    let Some(layers) = lease.take(store) else {
+        return file::save(path, model.fingerprint(), &model.new_cache());
+    };
+    let saved = file::save(path, model.fingerprint(), &layers);
+    lease.give_back(store, layers);
+    saved
+}
+
+/// Fills the cache `lease` holds with the one saved at `path`, checked to be `model`'s.
+pub fn load(lease: CacheLease, store: &CallerCaches, model: &dyn LanguageModel, path: &Path) -> Result<()> {
+    let cfg = model.config();
+    let template = model.new_cache();
+    let expected = Expected { model: model.fingerprint(), template: &template, kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
+    lease.give_back(store, file::load(path, &expected)?);
+    Ok(())
 }

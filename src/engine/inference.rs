@@ -2,6 +2,8 @@
 //! under its admission limits, and `close()`, which cancels every session. The sessions
 //! themselves are stepped by the engine thread.
 use std::sync::atomic::{AtomicUsize, AtomicU64, Ordering};
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
 pub use super::admission::{Admission, EngineOptions, EngineStats, PrefixCacheStats, DEFAULT_PREFIX_CACHE_BYTES};
@@ -144,12 +146,33 @@ impl CacheHandle {
         self.0.lease(model, prompt_len)
     }
 
+    /// Writes the cache to `path` (a versioned file fingerprinted to its model); resolves once
+    /// written. Fails while a generation uses the cache.
+    pub fn save(&self, path: PathBuf) -> Result<impl Future<Output = Result<()>>> {
+        let lease = self.0.lease(self.0.model, usize::MAX)?;
+        Ok(finish(EngineThread::get().cache_file(lease, path, true)))
+    }
+
+    /// A new cache of `model` holding what the file at `path` saved (see `save`).
+    pub fn load(model: ModelId, path: PathBuf) -> impl Future<Output = Result<CacheHandle>> {
+        let handle = CacheHandle::new(model);
+        let lease = handle.0.lease(model, usize::MAX);
+        async move {
+            finish(EngineThread::get().cache_file(lease?, path, false)).await?;
+            Ok(handle)
+        }
+    }
+
     /// Frees the layers (on the engine thread); later use fails.
     pub fn dispose(&self) {
         if self.0.dispose() {
             EngineThread::get().drop_cache(self.0.id);
         }
     }
+}
+
+async fn finish(rx: tokio::sync::oneshot::Receiver<Result<()>>) -> Result<()> {
+    rx.await.map_err(|_| Error::EngineDead)?
 }
 
 impl Drop for CacheHandle {

@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
@@ -22,7 +23,7 @@ use super::request::MethodSpec;
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
-use super::caller_cache::CallerCaches;
+use super::caller_cache::{self, CacheLease, CallerCaches};
 use crate::cache::{CacheView, PrefixCache};
 use crate::error::{catch_panic, Error, Result};
 use crate::mlx::backend::synchronize;
@@ -57,6 +58,13 @@ enum Command {
     },
     /// A caller cache was disposed: its layers go.
     DropCache(u64),
+    /// A caller cache saved to, or filled from, a file.
+    CacheFile {
+        lease: CacheLease,
+        path: PathBuf,
+        save: bool,
+        reply: oneshot::Sender<Result<()>>,
+    },
     /// Arbitrary MLX work that is not a model (conversion, benchmarks), queued as a task.
     Run(Box<dyn FnOnce(&mut ExecutionTasks) + Send>),
 }
@@ -112,6 +120,17 @@ impl EngineThread {
 
     pub fn drop_cache(&self, id: u64) {
         let _ = self.send(Command::DropCache(id));
+    }
+
+    /// Saves the leased caller cache to `path` (`save`), or fills it from the file there.
+    pub fn cache_file(&self, lease: CacheLease, path: PathBuf, save: bool) -> oneshot::Receiver<Result<()>> {
+        let (reply, rx) = oneshot::channel();
+        if let Err(e) = self.send(Command::CacheFile { lease, path, save, reply }) {
+            let (tx, rx2) = oneshot::channel();
+            let _ = tx.send(Err(e));
+            return rx2;
+        }
+        rx
     }
 
     /// Hands a new session to the engine thread.
@@ -382,6 +401,18 @@ impl EngineLoop {
             }
             Command::DropCache(id) => {
                 self.caller_caches.borrow_mut().remove(&id);
+            }
+            Command::CacheFile { lease, path, save, reply } => {
+                let (models, store) = (self.models.clone(), self.caller_caches.clone());
+                let work = move || {
+                    let model = lookup(&models, lease.model())?;
+                    if save {
+                        caller_cache::save(lease, &store, &*model, &path)
+                    } else {
+                        caller_cache::load(lease, &store, &*model, &path)
+                    }
+                };
+                system.tasks.enqueue(work, reply);
             }
             Command::Unload(id) => {
                 self.models.borrow_mut().remove(&id);

@@ -26,15 +26,16 @@ pub fn dtype_size(dtype: Dtype) -> usize {
     }
 }
 
-/// Evaluates `a` as f32 and copies it out.
+/// Evaluates `a` as f32 and copies it out (a strided view, such as a slice, in row order).
 pub fn to_f32_vec(a: &Array) -> Result<Vec<f32>> {
-    let a = a.as_dtype(Dtype::Float32)?;
+    let a = a.as_dtype(Dtype::Float32)?.contiguous()?;
     a.eval()?;
     Ok(a.as_slice::<f32>().to_vec())
 }
 
-/// Evaluates `a` and copies its raw little-endian bytes out.
+/// Evaluates `a` and copies its raw little-endian bytes out, in row order.
 pub fn to_bytes(a: &Array) -> Result<Vec<u8>> {
+    let a = &a.contiguous()?;
     a.eval()?;
     fn raw<T: mlx_rs::ArrayElement>(a: &Array) -> Vec<u8> {
         let s = a.as_slice::<T>();

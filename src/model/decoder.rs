@@ -71,6 +71,8 @@ pub struct Decoder {
     pub lm_head: Option<Linear>,
     /// Window of the sliding layers.
     pub sliding_window: usize,
+    /// What identifies the weights (see `model::fingerprint`), set by `create_model`.
+    pub fingerprint: String,
 }
 
 impl Decoder {
@@ -83,6 +85,7 @@ impl Decoder {
             norm: RmsNorm::load(w, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
             lm_head: Self::lm_head(w, &cfg, tied)?,
             sliding_window,
+            fingerprint: String::new(),
             config: cfg,
         })
     }
@@ -126,6 +129,10 @@ impl LanguageModel for Decoder {
 
     fn stackable(&self) -> bool {
         !self.layers.iter().any(|b| b.sliding)
+    }
+
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     fn forward(&self, tokens: &Tokens, mut cache: CacheView, ctx: &StepContext) -> Result<Option<Array>> {

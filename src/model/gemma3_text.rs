@@ -47,6 +47,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
         // Gemma ties the output projection exactly when the checkpoint has no lm_head.
         lm_head: Decoder::lm_head(w, &cfg, !w.has("lm_head.weight"))?,
         sliding_window: cfg.usize_opt("sliding_window").unwrap_or(512),
+        fingerprint: String::new(),
         config: cfg,
     })
 }

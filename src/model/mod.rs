@@ -29,6 +29,8 @@ pub trait LanguageModel {
     fn new_cache(&self) -> Vec<LayerCache>;
     /// Whether rows can share a stacked cache (only full-attention layers).
     fn stackable(&self) -> bool;
+    /// What identifies the weights: files saved from this model (a KV cache) name it.
+    fn fingerprint(&self) -> &str;
     /// One step: appends each row's new tokens to `cache` and returns the logits `ctx` asks for
     /// ([B, 1, V] for the last column, [B, L, V] for all; `None` for none, after evaluating the
     /// caches). A row's results are those it gets alone, bit for bit.
@@ -116,7 +118,29 @@ fn loader(config: &ModelConfig) -> Result<Loader> {
 /// Builds the architecture `config` names. Call on the engine thread only.
 pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
     let load = loader(&config)?;
-    Ok(Box::new(load(&weights, config)?))
+    let fingerprint = fingerprint(&weights, &config);
+    let mut model = load(&weights, config)?;
+    model.fingerprint = fingerprint;
+    Ok(Box::new(model))
+}
+
+/// What identifies a model's weights, wherever they are loaded from: the architecture's sizes
+/// and every tensor's name, dtype, shape and first and last 4 KiB (a fine-tune changes those of
+/// the tensors it trained), hashed. Reading a sample keeps it cheap for any model size.
+pub fn fingerprint(w: &Weights, cfg: &ModelConfig) -> String {
+    use sha2::{Digest, Sha256};
+    const SAMPLE: usize = 4096;
+    let mut h = Sha256::new();
+    let sizes = [cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim];
+    h.update(format!("{}:{sizes:?}", cfg.model_type));
+    for name in w.names() {
+        let t = w.get(name).expect("listed");
+        h.update(format!("{name}:{:?}:{:?}", t.dtype, t.shape));
+        let b = t.bytes();
+        h.update(&b[..b.len().min(SAMPLE)]);
+        h.update(&b[b.len().saturating_sub(SAMPLE)..]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The config of a model folder (`config.json`) or a `.gguf` file (its header only: no tensor is

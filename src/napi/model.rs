@@ -1,6 +1,6 @@
 //! Model loading for JavaScript: `loadModelConfig`, `Weights`, `createModel`, `loadModel` and the
 //! `Model` handle. MLX work happens on the engine thread; these only parse, convert and forward.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -305,4 +305,20 @@ impl Drop for Model {
     fn drop(&mut self) {
         self.dispose();
     }
+}
+
+/// Saves a caller cache to a file (`saveKvCache(cache, path)`): a versioned file fingerprinted to
+/// its model, written through a temporary file. Rejects while a generation uses the cache.
+#[napi(catch_unwind)]
+pub fn save_kv_cache<'env>(env: &'env Env, cache: &KvCache, path: String) -> napi::Result<PromiseRaw<'env, ()>> {
+    let saved = cache.inner.save(PathBuf::from(path)).map_err(js_error)?;
+    env.spawn_future(async move { saved.await.map_err(js_error) })
+}
+
+/// A new cache of `model` restored from a file `saveKvCache` wrote (`loadKvCache(model, path)`);
+/// a file of another model, of another version, or damaged rejects with `INVALID_CACHE_FILE`.
+#[napi(catch_unwind)]
+pub fn load_kv_cache<'env>(env: &'env Env, model: &Model, path: String) -> napi::Result<PromiseRaw<'env, KvCache>> {
+    let loaded = CacheHandle::load(model.live()?, PathBuf::from(path));
+    env.spawn_future(async move { Ok(KvCache { inner: loaded.await.map_err(js_error)? }) })
 }

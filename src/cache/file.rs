@@ -1,0 +1,368 @@
+//! A conversation's KV cache saved to a file and restored later (`saveKvCache` / `loadKvCache`),
+//! so a chat app picks a conversation up after a restart without prefilling it again.
+//!
+//! Layout: the magic `MLXBUNKV`, a little-endian u32 version and a u32 header length, a JSON
+//! header, then each layer's keys and values as raw little-endian tensors, every tensor starting
+//! on a 4 KiB page so the file can be mapped and read in place. The header names the model it was
+//! saved from (a fingerprint of its weights), the positions held and each layer's kind. Nothing
+//! in the file is trusted: every number is checked against the file's length and the model's
+//! shapes before anything is read or allocated. Hand-written because no maintained format fits:
+//! safetensors cannot page-align its tensors or carry per-layer cache state.
+use std::io::Write;
+use std::path::Path;
+
+use memmap2::Mmap;
+use mlx_rs::{Array, Dtype};
+use serde::{Deserialize, Serialize};
+
+use super::{KvCache, LayerCache, RotatingKvCache};
+use crate::error::{Error, Result};
+use crate::mlx::host::{array_from_bytes, dtype_size, to_bytes};
+
+const MAGIC: &[u8; 8] = b"MLXBUNKV";
+pub const VERSION: u32 = 1;
+const PAGE: u64 = 4096;
+/// Headers are a few hundred bytes per layer; anything larger is not one of ours.
+const MAX_HEADER: u64 = 1 << 24;
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Header {
+    model: String,
+    positions: u64,
+    layers: Vec<Layer>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Layer {
+    kind: Kind,
+    /// Positions the layer has seen (a rotating one holds only the last of them).
+    offset: u64,
+    /// Keys and values, absent while the layer holds nothing.
+    keys: Option<Tensor>,
+    values: Option<Tensor>,
+}
+
+#[derive(Serialize, Deserialize, PartialEq, Eq, Clone, Copy, Debug)]
+#[serde(rename_all = "lowercase")]
+enum Kind {
+    Plain,
+    Rotating,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Tensor {
+    dtype: String,
+    shape: [u64; 4],
+    start: u64,
+    bytes: u64,
+}
+
+/// What a model's caches look like: `template` is a fresh set of its layer caches (their kinds
+/// and windows); keys and values are [1, `kv_heads`, positions, `head_dim`].
+pub struct Expected<'a> {
+    pub model: &'a str,
+    pub template: &'a [LayerCache],
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+fn dtype_name(d: Dtype) -> Result<&'static str> {
+    match d {
+        Dtype::Float32 => Ok("float32"),
+        Dtype::Bfloat16 => Ok("bfloat16"),
+        Dtype::Float16 => Ok("float16"),
+        other => Err(Error::Internal(format!("a KV cache of {other:?}"))),
+    }
+}
+
+fn dtype_of(name: &str) -> Option<Dtype> {
+    match name {
+        "float32" => Some(Dtype::Float32),
+        "bfloat16" => Some(Dtype::Bfloat16),
+        "float16" => Some(Dtype::Float16),
+        _ => None,
+    }
+}
+
+/// The positions one layer holds, as the file keeps them.
+fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
+    Ok(match c {
+        LayerCache::Plain(c) => (Kind::Plain, c.contents()),
+        LayerCache::Rotating(c) => (Kind::Rotating, c.ordered()?),
+    })
+}
+
+/// Writes `caches` (all at one offset) of the model fingerprinted `model` to `path`.
+pub fn save(path: &Path, model: &str, caches: &[LayerCache]) -> Result<()> {
+    let positions = caches.first().map_or(0, LayerCache::offset);
+    if caches.iter().any(|c| c.offset() != positions) {
+        return Err(Error::Internal("a cache whose layers hold different positions".into()));
+    }
+    let mut layers = Vec::with_capacity(caches.len());
+    let mut data: Vec<Vec<u8>> = Vec::new();
+    let mut next = 0u64;
+    let mut place = |a: &Array, data: &mut Vec<Vec<u8>>| -> Result<Tensor> {
+        let bytes = to_bytes(a)?;
+        let s = a.shape();
+        let t = Tensor {
+            dtype: dtype_name(a.dtype())?.into(),
+            shape: [s[0] as u64, s[1] as u64, s[2] as u64, s[3] as u64],
+            start: next,
+            bytes: bytes.len() as u64,
+        };
+        next = (next + t.bytes).div_ceil(PAGE) * PAGE;
+        data.push(bytes);
+        Ok(t)
+    };
+    for c in caches {
+        let (kind, kv) = layer_contents(c)?;
+        let (keys, values) = match kv {
+            Some((k, v)) => (Some(place(&k, &mut data)?), Some(place(&v, &mut data)?)),
+            None => (None, None),
+        };
+        layers.push(Layer { kind, offset: c.offset() as u64, keys, values });
+    }
+    let mut header = Header { model: model.into(), positions: positions as u64, layers };
+    // Tensors start after the header, on a page; the header holds their starts, so its length
+    // depends on where the data begins: move the data a page on until the header fits before it.
+    let relative: Vec<u64> = tensors(&header).map(|t| t.start).collect();
+    let mut base = 0;
+    let json = loop {
+        for (t, r) in tensors_mut(&mut header).zip(&relative) {
+            t.start = base + r;
+        }
+        let json = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
+        let room = (16 + json.len() as u64).div_ceil(PAGE) * PAGE;
+        if room <= base {
+            break json;
+        }
+        base = room;
+    };
+    write(path, &json, &header, &data)
+}
+
+fn tensors(h: &Header) -> impl Iterator<Item = &Tensor> {
+    h.layers.iter().flat_map(|l| l.keys.iter().chain(l.values.iter()))
+}
+
+fn tensors_mut(h: &mut Header) -> impl Iterator<Item = &mut Tensor> {
+    h.layers.iter_mut().flat_map(|l| l.keys.iter_mut().chain(l.values.iter_mut()))
+}
+
+/// Writes to a temporary file first, so an interrupted save never leaves a damaged file behind.
+fn write(path: &Path, json: &[u8], header: &Header, data: &[Vec<u8>]) -> Result<()> {
+    let tmp = path.with_extension("partial");
+    let io = |e| Error::io(path, e);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    f.write_all(MAGIC).map_err(io)?;
+    f.write_all(&VERSION.to_le_bytes()).map_err(io)?;
+    f.write_all(&(json.len() as u32).to_le_bytes()).map_err(io)?;
+    f.write_all(json).map_err(io)?;
+    let mut at = 16 + json.len() as u64;
+    for (t, bytes) in tensors(header).zip(data) {
+        f.write_all(&vec![0u8; (t.start - at) as usize]).map_err(io)?;
+        f.write_all(bytes).map_err(io)?;
+        at = t.start + bytes.len() as u64;
+    }
+    f.flush().map_err(io)?;
+    f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Reads a cache saved by `save`, checked against what `expected` says the model's caches are.
+pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
+    let bad = |reason: String| Error::InvalidCacheFile { path: path.to_path_buf(), reason };
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: a read-only map of a file that is only read while the map lives; the arrays copy
+    // what they need before it is dropped.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let len = map.len() as u64;
+    if len < 16 || &map[..8] != MAGIC {
+        return Err(bad("not a saved KV cache".into()));
+    }
+    let version = u32::from_le_bytes(map[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(bad(format!("a KV cache of format version {version}; this build reads version {VERSION}")));
+    }
+    let header_len = u64::from(u32::from_le_bytes(map[12..16].try_into().expect("4 bytes")));
+    if header_len > MAX_HEADER || 16 + header_len > len {
+        return Err(bad(format!("a header of {header_len} bytes in a file of {len}: the file is truncated or damaged")));
+    }
+    let header: Header =
+        serde_json::from_slice(&map[16..(16 + header_len) as usize]).map_err(|e| bad(format!("damaged header: {e}")))?;
+    if header.model != expected.model {
+        return Err(bad("was saved from another model".into()));
+    }
+    if header.layers.len() != expected.template.len() {
+        return Err(bad(format!("has {} layers; the model has {}", header.layers.len(), expected.template.len())));
+    }
+    let read = |t: &Tensor, what: &str| -> Result<Array> {
+        let dtype = dtype_of(&t.dtype).ok_or_else(|| bad(format!("{what}: unknown dtype '{}'", t.dtype)))?;
+        let [b, h, l, d] = t.shape;
+        if b != 1 || h != expected.kv_heads as u64 || d != expected.head_dim as u64 || l == 0 || l > i32::MAX as u64 {
+            return Err(bad(format!("{what}: shape {:?}, the model's caches are [1, {}, positions, {}]", t.shape, expected.kv_heads, expected.head_dim)));
+        }
+        let need = h.checked_mul(l).and_then(|n| n.checked_mul(d)).and_then(|n| n.checked_mul(dtype_size(dtype) as u64));
+        let end = t.start.checked_add(t.bytes);
+        match (need, end) {
+            (Some(need), Some(end)) if need == t.bytes && t.start % PAGE == 0 && t.start >= 16 + header_len && end <= len => {}
+            _ => return Err(bad(format!("{what}: {} bytes at {} do not hold its shape within the file's {len}: truncated or damaged", t.bytes, t.start))),
+        }
+        let shape = [1, h as i32, l as i32, d as i32];
+        array_from_bytes(what, &map[t.start as usize..(t.start + t.bytes) as usize], &shape, dtype)
+    };
+    let mut caches = Vec::with_capacity(header.layers.len());
+    for (i, (layer, like)) in header.layers.iter().zip(expected.template).enumerate() {
+        if layer.offset != header.positions {
+            return Err(bad(format!("layer {i} holds {} positions, the cache {}", layer.offset, header.positions)));
+        }
+        let kind = match like {
+            LayerCache::Plain(_) => Kind::Plain,
+            LayerCache::Rotating(_) => Kind::Rotating,
+        };
+        if layer.kind != kind {
+            return Err(bad(format!("layer {i} is {:?}; the model's is {kind:?}", layer.kind)));
+        }
+        let kv = match (&layer.keys, &layer.values) {
+            (Some(k), Some(v)) => {
+                let (k, v) = (read(k, &format!("layer {i} keys"))?, read(v, &format!("layer {i} values"))?);
+                if k.shape() != v.shape() || k.dtype() != v.dtype() {
+                    return Err(bad(format!("layer {i}: keys and values differ in shape or dtype")));
+                }
+                Some((k, v))
+            }
+            (None, None) if layer.offset == 0 => None,
+            _ => return Err(bad(format!("layer {i}: its keys and values do not match its {} positions", layer.offset))),
+        };
+        let held = kv.as_ref().map_or(0, |(k, _)| k.shape()[2] as u64);
+        caches.push(match (like, kv) {
+            (LayerCache::Plain(_), None) => LayerCache::Plain(KvCache::default()),
+            (LayerCache::Plain(_), Some((k, v))) if held == layer.offset => LayerCache::Plain(KvCache::from_contents(k, v)),
+            (LayerCache::Rotating(r), None) => LayerCache::Rotating(RotatingKvCache::new(r.max_size(), r.keep())),
+            // A rotating layer holds every position it saw, or (once wrapped) at least a window.
+            (LayerCache::Rotating(r), Some((k, v))) if held == layer.offset || (held < layer.offset && held >= r.max_size() as u64) => {
+                LayerCache::Rotating(RotatingKvCache::from_ordered(r.max_size(), r.keep(), k, v, layer.offset as usize))
+            }
+            _ => return Err(bad(format!("layer {i} holds {held} of its {} positions", layer.offset))),
+        });
+    }
+    mlx_rs::transforms::eval(caches.iter().flat_map(LayerCache::state))?;
+    Ok(caches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::host::to_f32_vec;
+
+    fn kv(len: i32, seed: f32) -> Array {
+        let n = (2 * len * 4) as usize;
+        let v: Vec<f32> = (0..n).map(|i| seed + i as f32 * 0.25).collect();
+        Array::from_slice(&v, &[1, 2, len, 4])
+    }
+
+    /// A plain layer and a rotating layer (window 4) that have both seen `n` positions.
+    fn caches(n: i32) -> Vec<LayerCache> {
+        let mut plain = LayerCache::Plain(KvCache::default());
+        let mut rotating = LayerCache::Rotating(RotatingKvCache::new(4, 0));
+        for i in 0..n {
+            plain.update_and_fetch(kv(1, i as f32), kv(1, -(i as f32))).unwrap();
+            rotating.update_and_fetch(kv(1, i as f32), kv(1, -(i as f32))).unwrap();
+        }
+        caches_eval(&plain, &rotating);
+        vec![plain, rotating]
+    }
+
+    fn caches_eval(a: &LayerCache, b: &LayerCache) {
+        mlx_rs::transforms::eval(a.state().into_iter().chain(b.state())).unwrap();
+    }
+
+    fn template() -> Vec<LayerCache> {
+        vec![LayerCache::Plain(KvCache::default()), LayerCache::Rotating(RotatingKvCache::new(4, 0))]
+    }
+
+    fn expected(t: &[LayerCache]) -> Expected<'_> {
+        Expected { model: "m1", template: t, kv_heads: 2, head_dim: 4 }
+    }
+
+    /// Each layer's positions, in temporal order, as host floats.
+    fn held(c: &[LayerCache]) -> Vec<Vec<f32>> {
+        c.iter().map(|c| layer_contents(c).unwrap().1.map_or(vec![], |(k, v)| [to_f32_vec(&k).unwrap(), to_f32_vec(&v).unwrap()].concat())).collect()
+    }
+
+    fn path(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("mlx-bun-kv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    #[test]
+    fn round_trips_plain_and_rotating_layers_page_aligned() {
+        let t = template();
+        for n in [0, 3, 9] {
+            let before = caches(n);
+            let p = path(&format!("rt{n}.kv"));
+            save(&p, "m1", &before).unwrap();
+            let mut after = load(&p, &expected(&t)).unwrap();
+            assert_eq!(held(&after), held(&before), "{n} positions");
+            assert_eq!(after.iter().map(LayerCache::offset).collect::<Vec<_>>(), [n as usize; 2]);
+            let bytes = std::fs::read(&p).unwrap();
+            let header: Header = serde_json::from_slice(&bytes[16..16 + u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize]).unwrap();
+            assert!(tensors(&header).all(|t| t.start % PAGE == 0));
+            // A restored cache goes on as the original does.
+            let mut before = before;
+            for c in before.iter_mut().chain(after.iter_mut()) {
+                c.update_and_fetch(kv(1, 100.0), kv(1, 200.0)).unwrap();
+            }
+            assert_eq!(held(&after), held(&before), "{n} positions, one more");
+        }
+    }
+
+    #[test]
+    fn damaged_foreign_and_other_version_files_are_typed_errors() {
+        let t = template();
+        let p = path("good.kv");
+        save(&p, "m1", &caches(6)).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        let code = |bytes: &[u8]| {
+            let q = path("bad.kv");
+            std::fs::write(&q, bytes).unwrap();
+            load(&q, &expected(&t)).map(|_| ()).unwrap_err()
+        };
+        // Every truncation, and garbage.
+        for cut in (0..good.len()).step_by(97).chain([good.len() - 1]) {
+            assert_eq!(code(&good[..cut]).code(), "INVALID_CACHE_FILE", "cut at {cut}");
+        }
+        assert_eq!(code(b"not a cache at all, just text").code(), "INVALID_CACHE_FILE");
+        let mut other = good.clone();
+        other[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let e = code(&other);
+        assert!(e.to_string().contains("version 2"), "{e}");
+        let mut huge = good.clone();
+        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(code(&huge).code(), "INVALID_CACHE_FILE");
+        // Another model, another layout, another shape.
+        let e = load(&p, &Expected { model: "m2", ..expected(&t) }).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("another model"), "{e}");
+        let swapped = vec![t[1].clone(), t[0].clone()];
+        assert_eq!(load(&p, &expected(&swapped)).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
+        assert_eq!(load(&p, &expected(&t[..1])).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
+        assert_eq!(load(&p, &Expected { kv_heads: 3, ..expected(&t) }).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
+        // Numbers in the header that point outside the file or overflow.
+        let n = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+        let text = String::from_utf8(good[16..16 + n].to_vec()).unwrap();
+        for (from, to) in [("\"positions\":6", "\"positions\":7"), ("\"bytes\":", "\"bytes\":1"), ("\"start\":", "\"start\":18446744073709551"), ("[1,2,6,4]", "[1,2,4294967296,4]")] {
+            let edited = text.replacen(from, to, 1);
+            assert_ne!(edited, text, "{from}");
+            let mut bytes = good[..16].to_vec();
+            bytes[12..16].copy_from_slice(&(edited.len() as u32).to_le_bytes());
+            bytes.extend(edited.as_bytes());
+            bytes.extend(&good[16 + n..]);
+            assert_eq!(code(&bytes).code(), "INVALID_CACHE_FILE", "{to}");
+        }
+        assert_eq!(load(&path("absent.kv"), &expected(&t)).map(|_| ()).unwrap_err().code(), "IO_ERROR");
+    }
+}
