@@ -10,13 +10,17 @@ use super::generate::{Caches, Generation, PrefixUse};
 use super::admission::{Admission, Lease, Reservation};
 use super::placement::{self, Mechanism};
 use super::request::MethodSpec;
-use super::events::GenerateStats;
-use super::method::{MethodRun, Plan, Step};
+use super::method::{MethodRun, Row, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{catch_panic, Error, Result};
 use crate::cache::PrefixCache;
 use crate::model::LanguageModel;
+
+/// A row's model, as an identity: rows step together only within one model.
+pub fn model_key(row: &dyn Row) -> *const () {
+    Rc::as_ptr(row.model()) as *const ()
+}
 
 /// Largest integer an f64 (a JavaScript number) holds exactly.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
@@ -25,7 +29,7 @@ pub struct Driver {
     pub session: Arc<Session>,
     pub engine: Arc<Admission>,
     spec: Option<MethodSpec>,
-    run: Option<Run>,
+    run: Option<Box<dyn MethodRun>>,
     lease: Option<Lease>,
     reservation: Option<Reservation>,
     /// The method's result, held until its last publication has been queued.
@@ -33,50 +37,6 @@ pub struct Driver {
     settled: bool,
     /// The group's batched decode step this session last took part in (0: none).
     pub batched_at: u64,
-}
-
-/// A session's run. Generations are named apart because the group batches their model steps
-/// with other sessions' (`Group::prepare`, `Group::decode`); any other method steps alone.
-enum Run {
-    Generation(Box<Generation>),
-    Other(Box<dyn MethodRun>),
-}
-
-impl Run {
-    fn method(&mut self) -> &mut dyn MethodRun {
-        match self {
-            Run::Generation(g) => g.as_mut(),
-            Run::Other(r) => r.as_mut(),
-        }
-    }
-
-    fn metrics(&self) -> GenerateStats {
-        match self {
-            Run::Generation(g) => g.metrics(),
-            Run::Other(r) => r.metrics(),
-        }
-    }
-
-    fn close(self) -> Result<()> {
-        match self {
-            Run::Generation(g) => g.close(),
-            Run::Other(r) => r.close(),
-        }
-    }
-
-    fn generation(&self) -> Option<&Generation> {
-        match self {
-            Run::Generation(g) => Some(g),
-            Run::Other(_) => None,
-        }
-    }
-
-    fn generation_mut(&mut self) -> Option<&mut Generation> {
-        match self {
-            Run::Generation(g) => Some(g),
-            Run::Other(_) => None,
-        }
-    }
 }
 
 /// Where a session stands in its engine's group (the scheduler's view of it).
@@ -122,11 +82,7 @@ impl Driver {
                 Phase::Outside
             };
         }
-        match self
-            .run
-            .as_ref()
-            .map(|r| r.generation().map(|g| g.decode_ready()))
-        {
+        match self.run.as_ref().map(|r| r.row_ref().map(|row| row.prompt_left() == 0)) {
             None | Some(Some(false)) => Phase::Preparing,
             Some(_) => Phase::Active,
         }
@@ -134,9 +90,9 @@ impl Driver {
 
     /// Prompt tokens still to prefill before the first decode step.
     pub fn preparation_tokens(&self) -> usize {
-        match (&self.spec, self.run.as_ref().and_then(|r| r.generation())) {
+        match (&self.spec, self.run.as_ref().and_then(|r| r.row_ref())) {
             (Some(MethodSpec::Generate { prompt, .. }), _) => prompt.len().saturating_sub(1),
-            (_, Some(g)) => g.prefill_left(),
+            (_, Some(row)) => row.prompt_left(),
             _ => 0,
         }
     }
@@ -196,7 +152,7 @@ impl Driver {
     pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) {
         let step = catch_panic(|| match self.run.as_mut() {
             None => self.prepare(model, prefix, caller_caches).map(|()| Step::Continue),
-            Some(run) => run.method().step(&mut self.session.output()),
+            Some(run) => run.step(&mut self.session.output()),
         });
         self.conclude(step);
     }
@@ -215,13 +171,13 @@ impl Driver {
         self.session.finish(Err(error), Ok(()), None);
     }
 
-    /// The generation this session runs, once its run exists.
-    pub fn generation(&self) -> Option<&Generation> {
-        self.run.as_ref()?.generation()
+    /// The row this session's run steps through its model, once the run exists.
+    pub fn row(&self) -> Option<&dyn Row> {
+        self.run.as_ref()?.row_ref()
     }
 
-    pub fn generation_mut(&mut self) -> Option<&mut Generation> {
-        self.run.as_mut()?.generation_mut()
+    pub fn row_mut(&mut self) -> Option<&mut dyn Row> {
+        self.run.as_mut()?.row()
     }
 
     /// The batch this session's next unit may join: its model, when that unit is a decode
@@ -243,14 +199,14 @@ impl Driver {
     }
 
     fn decode_key(&mut self) -> Option<*const ()> {
-        let g = self.run.as_mut()?.generation_mut()?;
-        g.decode_ready().then(|| g.batch_key()).flatten()
+        let row = self.row()?;
+        (row.prompt_left() == 0 && row.batchable()).then(|| model_key(row))
     }
 
-    /// The generation and the output a batched unit works on.
-    pub fn batch_parts(&mut self) -> Option<(&mut Generation, Output<'_>)> {
+    /// The row and the output a batched unit works on.
+    pub fn batch_parts(&mut self) -> Option<(&mut dyn Row, Output<'_>)> {
         let out = self.session.output();
-        Some((self.run.as_mut()?.generation_mut()?, out))
+        Some((self.run.as_mut()?.row()?, out))
     }
 
     /// Handles the outcome of one unit of the method's work.
@@ -281,15 +237,9 @@ impl Driver {
                     }
                     None => Caches::Fresh,
                 };
-                let plan = Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches);
-                let start = plan.start;
-                Plan { output_token_limit: plan.output_token_limit, start: Box::new(move || start().map(Run::Generation)) }
+                Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
             }
-            MethodSpec::Script(script) => {
-                let plan = script.plan();
-                let start = plan.start;
-                Plan { output_token_limit: plan.output_token_limit, start: Box::new(move || start().map(Run::Other)) }
-            }
+            MethodSpec::Script(script) => script.plan(),
         };
         let limit = plan.output_token_limit;
         if limit.fract() != 0.0 || !(0.0..=MAX_SAFE_INTEGER).contains(&limit) {

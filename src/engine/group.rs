@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::driver::{Driver, Phase};
-use super::generate::Generation;
+use super::driver::{model_key, Driver, Phase};
 use super::admission::Admission;
-use super::method::Step;
+use super::method::Row;
+use super::rows;
 use super::resources::Release;
 use super::scheduler::{ExecutionGroup, MixedPreparation};
 use super::session::{CancelReason, Output};
@@ -28,12 +28,18 @@ const MIN_SHARED_PREFIX: usize = 64;
 
 /// Prompt tokens `b` can take from `a`'s caches: their common prefix, leaving each row at least
 /// its last prompt token to forward.
-fn shared_prefix(a: &Generation, b: &Generation) -> usize {
-    if a.model_key() != b.model_key() {
+fn shared_prefix(a: &dyn Row, b: &dyn Row) -> usize {
+    let (Some((pa, _)), Some((pb, _))) = (a.shared_prompt(), b.shared_prompt()) else { return 0 };
+    if model_key(a) != model_key(b) {
         return 0;
     }
-    let common = a.prompt().iter().zip(b.prompt()).take_while(|(x, y)| x == y).count();
-    common.min(a.prompt().len() - 1).min(b.prompt().len() - 1)
+    let common = pa.iter().zip(pb).take_while(|(x, y)| x == y).count();
+    common.min(pa.len() - 1).min(pb.len() - 1)
+}
+
+/// How much of its shared prompt a row's caches hold.
+fn prefilled(row: &dyn Row) -> usize {
+    row.shared_prompt().map_or(0, |(_, n)| n)
 }
 
 /// How long a batch waits for rows of its last step whose consumers have not yet taken their
@@ -134,10 +140,10 @@ impl Group {
     fn share_prefixes(&mut self) -> (Vec<bool>, Vec<Option<usize>>) {
         let n = self.drivers.len();
         let (mut waits, mut caps) = (vec![false; n], vec![None::<usize>; n]);
-        // Leaders: any earlier session's generation, preparing or decoding (drivers are in the
-        // order sessions opened).
-        fn sharing(d: &Driver) -> Option<&Generation> {
-            d.generation().filter(|g| g.shares_prefixes())
+        // Leaders: any earlier session's row, preparing or decoding (drivers are in the order
+        // sessions opened).
+        fn sharing(d: &Driver) -> Option<&dyn Row> {
+            d.row().filter(|r| r.shared_prompt().is_some())
         }
         for f in 0..n {
             let d = &self.drivers[f];
@@ -147,21 +153,22 @@ impl Group {
             let best = (0..f)
                 .filter(|&l| !waits[l])
                 .filter_map(|l| sharing(&self.drivers[l]).map(|g| (l, shared_prefix(g, follower))))
-                .filter(|&(_, s)| s >= MIN_SHARED_PREFIX && s > follower.prefilled())
+                .filter(|&(_, s)| s >= MIN_SHARED_PREFIX && s > prefilled(follower))
                 .max_by_key(|&(_, s)| s);
             let Some((l, s)) = best else { continue };
             let leader = sharing(&self.drivers[l]).expect("found above");
-            if leader.prefilled() < s {
+            if prefilled(leader) < s {
                 // Not there yet: the follower waits, the leader stops at the shared boundary.
                 waits[f] = true;
-                let cap = s - leader.prefilled();
+                let cap = s - prefilled(leader);
                 caps[l] = Some(caps[l].map_or(cap, |c| c.min(cap)));
                 continue;
             }
             // A failed copy leaves the follower to prefill on its own.
-            if let Ok(Some(caches)) = leader.prefix_snapshot(s) {
+            let snapshot = self.drivers[l].row_mut().expect("found above").caches().prefix(s);
+            if let Ok(Some(caches)) = snapshot {
                 self.prefix.borrow().record_shared(s);
-                self.drivers[f].generation_mut().expect("found above").adopt_prefix(caches, s);
+                self.drivers[f].row_mut().expect("found above").adopt_prefix(caches, s);
             }
         }
         (waits, caps)
@@ -171,23 +178,18 @@ impl Group {
     /// within `budget` prompt tokens. Continuous rows of one model prefill together, each by the
     /// same number of tokens (the least any of them has left), so no padding is needed.
     fn prepare(&mut self, budget: usize) {
-        let created = self.step_each(|_, d| d.phase() == Phase::Preparing && d.runnable() && d.generation().is_none()) > 0;
+        let created = self.step_each(|_, d| d.phase() == Phase::Preparing && d.runnable() && d.row().is_none()) > 0;
         let (waits, caps) = self.share_prefixes();
         let mut left = budget.max(1);
         let mut groups: Vec<(Option<*const ()>, Vec<usize>)> = Vec::new();
         for (i, d) in self.drivers.iter().enumerate() {
-            let Some(g) = d
-                .generation()
-                .filter(|_| d.phase() == Phase::Preparing && d.runnable() && !waits[i])
-            else {
+            let Some(row) = d.row().filter(|_| d.phase() == Phase::Preparing && d.runnable() && !waits[i]) else {
                 continue;
             };
-            match g
-                .batch_key()
-                .and_then(|k| groups.iter_mut().find(|(key, _)| *key == Some(k)))
-            {
+            let key = row.batchable().then(|| model_key(row));
+            match key.and_then(|k| groups.iter_mut().find(|(g, _)| *g == Some(k))) {
                 Some((_, rows)) => rows.push(i),
-                None => groups.push((g.batch_key(), vec![i])),
+                None => groups.push((key, vec![i])),
             }
         }
         let mut prefilled = false;
@@ -199,7 +201,7 @@ impl Group {
             let per_row = rows
                 .iter()
                 .map(|&i| {
-                    let room = self.drivers[i].generation().map_or(0, |g| g.prefill_left().min(g.prefill_chunk_size()));
+                    let room = self.drivers[i].row().map_or(0, |r| r.prompt_left().min(r.chunk_limit()));
                     caps[i].map_or(room, |c| room.min(c))
                 })
                 .min()
@@ -208,18 +210,11 @@ impl Group {
             left = left.saturating_sub(n * k);
             prefilled = true;
             blas::fit(k * n);
-            if k == 1 {
-                let d = &mut self.drivers[rows[0]];
-                let step = d
-                    .batch_parts()
-                    .map(|(g, mut out)| g.prefill(&mut out, n))
-                    .expect("a preparing generation");
-                d.conclude(step);
-                continue;
+            if k > 1 {
+                BATCHED_PREFILLS.fetch_add(1, Ordering::Relaxed);
+                PREFILL_ROWS.fetch_add(k as u64, Ordering::Relaxed);
             }
-            BATCHED_PREFILLS.fetch_add(1, Ordering::Relaxed);
-            PREFILL_ROWS.fetch_add(k as u64, Ordering::Relaxed);
-            self.run_batch(&rows, |parts| Generation::prefill_batch(parts, n));
+            self.run_batch(&rows, n);
         }
         self.worked |= created || prefilled;
         self.drivers.retain(|d| !d.settled());
@@ -286,17 +281,19 @@ impl Group {
         BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
         BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
         blas::fit(members.len());
-        self.run_batch(members, Generation::step_batch);
+        self.run_batch(members, 1);
     }
 
-    /// Runs one batched unit over the generations of `members` (indices of drivers, ascending)
-    /// and concludes each row with its own result.
-    fn run_batch(&mut self, members: &[usize], unit: impl FnOnce(&mut [(&mut Generation, Output<'_>)]) -> Vec<Result<Step>>) {
+    /// One model step of the rows of `members` (indices of drivers, ascending), each feeding at
+    /// most `max` tokens, and concludes each row with its own result.
+    fn run_batch(&mut self, members: &[usize], max: usize) {
         let mut picked: Vec<&mut Driver> =
             self.drivers.iter_mut().enumerate().filter(|(j, _)| members.contains(j)).map(|(_, d)| d).collect();
         let results = {
-            let mut parts: Vec<_> = picked.iter_mut().map(|d| d.batch_parts().expect("batch members are generations")).collect();
-            unit(&mut parts)
+            let mut parts: Vec<(&mut dyn Row, Output<'_>)> =
+                picked.iter_mut().map(|d| d.batch_parts().expect("batch members step rows")).collect();
+            let mut parts: Vec<(&mut dyn Row, &mut Output<'_>)> = parts.iter_mut().map(|(r, o)| (&mut **r, o)).collect();
+            rows::step(&mut parts, max)
         };
         for (d, result) in picked.iter_mut().zip(results) {
             d.conclude(result);

@@ -1,10 +1,16 @@
 //! What a session runs: a plan (the output limit plus a way to start the method) and the method's
 //! run, stepped one unit at a time by the engine thread. Sessions know nothing else about methods.
+use std::rc::Rc;
+
+use mlx_rs::Array;
 use serde::{Deserialize, Deserializer};
 
 use super::events::{FinishReason, GenerateStats};
+use super::rows::{Feed, RowCaches};
 use super::session::{MethodResult, Output};
+use crate::cache::LayerCache;
 use crate::error::{Error, Result};
+use crate::model::LanguageModel;
 use crate::sample::logprobs::TokenLogprobs;
 
 pub enum Step {
@@ -19,14 +25,49 @@ pub trait MethodRun {
     fn metrics(&self) -> GenerateStats;
     /// Releases the run's native state; always called once, whatever happened.
     fn close(self: Box<Self>) -> Result<()>;
+    /// The row this run steps through its model, if it does: the engine then runs its steps with
+    /// other rows of the model (`rows::step`).
+    fn row(&mut self) -> Option<&mut dyn Row> {
+        None
+    }
+    fn row_ref(&self) -> Option<&dyn Row> {
+        None
+    }
 }
 
-/// A method's plan: its output limit, and how to start its run `R`.
-pub struct Plan<R> {
+/// A method's side of the model steps (see `rows`): what it feeds each step, what it does with
+/// the logits, and what the scheduler needs to know to place its steps.
+pub trait Row {
+    fn model(&self) -> &Rc<dyn LanguageModel>;
+    fn caches(&mut self) -> &mut RowCaches;
+    /// Whether its steps may run in one graph with other rows of its model (its placement is
+    /// continuous).
+    fn batchable(&self) -> bool;
+    /// Prompt tokens still to prefill before it decodes.
+    fn prompt_left(&self) -> usize;
+    /// The most prompt tokens one of its steps may take.
+    fn chunk_limit(&self) -> usize;
+    /// The prompt and how much of it the caches hold, when the row may start from another row's
+    /// prefix (its placement uses the prompt cache).
+    fn shared_prompt(&self) -> Option<(&[u32], usize)>;
+    /// Starts from caches holding the first `n` prompt tokens.
+    fn adopt_prefix(&mut self, caches: Vec<LayerCache>, n: usize);
+    /// What it feeds the next step, at most `max` tokens; `None`: nothing (it has stopped, or
+    /// only publishes what the step before computed).
+    fn propose(&mut self, out: &Output<'_>, max: usize) -> Result<Option<Feed>>;
+    /// The step's logits for its feed, as it asked (`None` if it fed nothing or wanted none);
+    /// returns what to evaluate ahead, before anything is read.
+    fn accept(&mut self, logits: Option<Array>) -> Result<Vec<Array>>;
+    /// Publishes what it can now; says whether it goes on.
+    fn publish(&mut self, out: &mut Output<'_>) -> Result<Step>;
+}
+
+/// A method's plan: its output limit, and how to start its run.
+pub struct Plan {
     /// Tokens the method may publish at most; must be a safe integer ≥ 0 (an `f64`, as a
     /// planner's arithmetic may produce any number and the session rejects bad ones).
     pub output_token_limit: f64,
-    pub start: Box<dyn FnOnce() -> Result<R>>,
+    pub start: Box<dyn FnOnce() -> Result<Box<dyn MethodRun>>>,
 }
 
 /// A method that replays a script: the session contract's test double, usable from JavaScript
@@ -95,7 +136,7 @@ impl Script {
         serde_json::from_value(v).map_err(|e| Error::option("script", e.to_string()))
     }
 
-    pub fn plan(&self) -> Plan<Box<dyn MethodRun>> {
+    pub fn plan(&self) -> Plan {
         let total: u64 = self
             .steps
             .iter()

@@ -1,7 +1,8 @@
 //! The engine: the thread that owns MLX work, sessions (bounded delivery and lifecycle), the
 //! methods they run, and the execution placement policy. Dependencies run one way: the facade
 //! (`inference`) → the thread (`thread`) → its groups and scheduler (`group`, `scheduler`) → each
-//! session's driver (`driver`) → methods (`generate`, `method`) → models and caches; `admission`,
+//! session's driver (`driver`) → methods (`generate`) → rows and their step executor (`rows`,
+//! `method`) → models and caches; `admission`,
 //! `request`, `models`, `placement`, `session`, `events` and `caller_cache` are shared below them.
 mod admission;
 mod caller_cache;
@@ -15,6 +16,7 @@ mod models;
 pub mod placement;
 mod request;
 mod resources;
+mod rows;
 mod scheduler;
 pub mod session;
 mod tasks;
