@@ -243,3 +243,18 @@ describe('a stalled consumer', () => {
     model.dispose()
   })
 })
+
+test('a session keeps its engine: an engine collected while its session runs does not cancel it', async () => {
+  assert.ok(runGc, 'run with node --expose-gc, or bun')
+  const SCRIPT = { steps: [{ commit: [1, 2, 3, 4], repeat: 16 }] }
+  // The engine is reachable only from the session, as in generate(), whose engine JS drops.
+  const open = () => mlx.testing.createScriptedEngine(SCRIPT, { maxQueuedEvents: 2 }).open(REQ)
+  const session = open()
+  const tokens = []
+  for await (const e of session.events) {
+    if (e.type === 'committed') tokens.push(...e.tokenIds)
+    if (tokens.length === 4) await settle()
+  }
+  assert.equal(tokens.length, 64)
+  assert.equal((await session.result).status, 'completed')
+})

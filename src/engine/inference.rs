@@ -73,7 +73,7 @@ impl InferenceEngine {
         };
         LIVE.fetch_add(1, Ordering::AcqRel);
         let id = format!("s{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
-        let hooks: Arc<dyn SessionHooks> = Arc::new(Hooks(Arc::downgrade(&self.admission)));
+        let hooks: Arc<dyn SessionHooks> = Arc::new(Hooks(self.clone()));
         let session = Arc::new(Session::new(id, mode, limits, hooks));
         {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,7 +112,10 @@ impl Drop for InferenceEngine {
     }
 }
 
-struct Hooks(Weak<Admission>);
+/// A session's link to its engine. It keeps the engine alive: an engine dropped by its caller
+/// (collected by JavaScript while `generate()` still iterates) would otherwise close and cancel
+/// the sessions still running on it.
+struct Hooks(Arc<InferenceEngine>);
 
 impl SessionHooks for Hooks {
     fn wake(&self) {
@@ -121,9 +124,7 @@ impl SessionHooks for Hooks {
 
     fn terminal(&self) {
         LIVE.fetch_sub(1, Ordering::AcqRel);
-        if let Some(a) = self.0.upgrade() {
-            a.session_ended();
-        }
+        self.0.admission.session_ended();
     }
 }
 
