@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf safetensors config template detokenize)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf safetensors config template detokenize kv_file)
 FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
 export MLX_BUN_FUZZ_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$MLX_BUN_FUZZ_GGUF" ] || { echo "fuzz: $MLX_BUN_FUZZ_GGUF is missing (run scripts/fixtures.sh)" >&2; exit 1; }
