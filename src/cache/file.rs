@@ -89,10 +89,17 @@ fn dtype_of(name: &str) -> Option<Dtype> {
 
 /// The positions one layer holds, as the file keeps them.
 fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
-    Ok(match c {
-        LayerCache::Plain(c) => (Kind::Plain, c.contents()),
-        LayerCache::Rotating(c) => (Kind::Rotating, c.ordered()?),
-    })
+    Ok((kind(c), match c {
+        LayerCache::Plain(c) => c.contents(),
+        LayerCache::Rotating(c) => c.ordered()?,
+    }))
+}
+
+fn kind(c: &LayerCache) -> Kind {
+    match c {
+        LayerCache::Plain(_) => Kind::Plain,
+        LayerCache::Rotating(_) => Kind::Rotating,
+    }
 }
 
 /// Writes `caches` (all at one offset) of the model fingerprinted `model` to `path`.
@@ -196,6 +203,10 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
     if header.model != expected.model {
         return Err(bad("was saved from another model".into()));
     }
+    // Positions become i32 offsets (RoPE, masks): a count no cache can hold is damage.
+    if header.positions > i32::MAX as u64 / 2 {
+        return Err(bad(format!("claims {} positions: damaged", header.positions)));
+    }
     if header.layers.len() != expected.template.len() {
         return Err(bad(format!("has {} layers; the model has {}", header.layers.len(), expected.template.len())));
     }
@@ -219,10 +230,7 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
         if layer.offset != header.positions {
             return Err(bad(format!("layer {i} holds {} positions, the cache {}", layer.offset, header.positions)));
         }
-        let kind = match like {
-            LayerCache::Plain(_) => Kind::Plain,
-            LayerCache::Rotating(_) => Kind::Rotating,
-        };
+        let kind = kind(like);
         if layer.kind != kind {
             return Err(bad(format!("layer {i} is {:?}; the model's is {kind:?}", layer.kind)));
         }
@@ -354,15 +362,21 @@ mod tests {
         // Numbers in the header that point outside the file or overflow.
         let n = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
         let text = String::from_utf8(good[16..16 + n].to_vec()).unwrap();
-        for (from, to) in [("\"positions\":6", "\"positions\":7"), ("\"bytes\":", "\"bytes\":1"), ("\"start\":", "\"start\":18446744073709551"), ("[1,2,6,4]", "[1,2,4294967296,4]")] {
-            let edited = text.replacen(from, to, 1);
-            assert_ne!(edited, text, "{from}");
+        // The good file with another header (its data moved with it: starts then point elsewhere).
+        let with_header = |edited: &str| {
             let mut bytes = good[..16].to_vec();
             bytes[12..16].copy_from_slice(&(edited.len() as u32).to_le_bytes());
             bytes.extend(edited.as_bytes());
             bytes.extend(&good[16 + n..]);
-            assert_eq!(code(&bytes).code(), "INVALID_CACHE_FILE", "{to}");
+            bytes
+        };
+        for (from, to) in [("\"positions\":6", "\"positions\":7"), ("\"bytes\":", "\"bytes\":1"), ("\"start\":", "\"start\":18446744073709551"), ("[1,2,6,4]", "[1,2,4294967296,4]")] {
+            let edited = text.replacen(from, to, 1);
+            assert_ne!(edited, text, "{from}");
+            assert_eq!(code(&with_header(&edited)).code(), "INVALID_CACHE_FILE", "{to}");
         }
+        let e = code(&with_header(&text.replacen("\"positions\":6", "\"positions\":4294967296", 1)));
+        assert!(e.to_string().contains("claims 4294967296 positions"), "{e}");
         assert_eq!(load(&path("absent.kv"), &expected(&t)).map(|_| ()).unwrap_err().code(), "IO_ERROR");
     }
 }
