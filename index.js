@@ -65,6 +65,9 @@ const OPTION_KEYS = {
   engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
     'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate']),
   load: new Set(['f32Matmuls']),
+  context: new Set(['f32Matmuls']),
+  server: new Set(['host', 'apiKey', 'corsOrigins', 'defaultMaxTokens', 'defaultTemperature', 'defaultTopP', 'defaultTopK',
+    'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs']),
 }
 const NOT_YET = {
   kvBits: 'quantized KV caches',
@@ -78,7 +81,15 @@ const NOT_YET = {
   imageMask: 'vision inputs',
   visionPixels: 'vision inputs',
 }
-const NOT_YET_IN = new Set(['generate', 'request'])
+// mlx-bun's server options this engine does not implement yet.
+const NOT_YET_SERVING = {
+  kvQuant: 'quantized KV caches',
+  memoryBudgetBytes: 'memory budgets (fit)',
+  defaultThinking: 'thinking controls',
+  defaultAdapter: 'LoRA adapters',
+  hlg: 'HLG decoding',
+}
+const NOT_YET_BY_KIND = { generate: NOT_YET, request: NOT_YET, server: NOT_YET_SERVING, context: NOT_YET_SERVING }
 
 /** Edit distance, for "did you mean". */
 function distance(a, b) {
@@ -98,8 +109,9 @@ function checkKeys(kind, obj) {
   const known = OPTION_KEYS[kind]
   for (const key of Object.keys(obj)) {
     if (known.has(key) || obj[key] === undefined) continue
-    if (NOT_YET_IN.has(kind) && Object.hasOwn(NOT_YET, key)) {
-      throw coded('UNSUPPORTED_OPTION', `${key}: ${NOT_YET[key]} are not supported by this engine yet`)
+    const notYet = NOT_YET_BY_KIND[kind]
+    if (notYet && Object.hasOwn(notYet, key)) {
+      throw coded('UNSUPPORTED_OPTION', `${key}: ${notYet[key]} are not supported by this engine yet`)
     }
     let near = null
     for (const k of known) if (distance(key, k) <= Math.max(2, Math.floor(k.length / 4)) && (near === null || distance(key, k) < distance(key, near))) near = k
@@ -120,7 +132,7 @@ function wrap(fn) {
 }
 
 // Native methods throw coded errors; map them at the source, once.
-for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeEngine, native.NativeSession, native.KvCache]) {
+for (const cls of [native.Weights, native.Model, native.Tokenizer, native.StreamDecoder, native.ChatTemplate, native.NativeEngine, native.NativeSession, native.KvCache, native.ServerContext, native.HttpServer]) {
   for (const key of Object.getOwnPropertyNames(cls.prototype)) {
     const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
     if (key !== 'constructor' && typeof d.value === 'function') {
@@ -489,6 +501,51 @@ function loadKvCache(model, path) {
   return wrap(native.loadKvCache)(model, path)
 }
 
+function optionObject(options) {
+  if (options === undefined || options === null) return {}
+  if (typeof options !== 'object') throw coded('INVALID_OPTION', 'options: must be an object')
+  return options
+}
+
+/**
+ * `loadContext(dir, id?, options?)`: a model to serve. Returns at once; the weights load on the
+ * engine thread (`ctx.ready`), and requests wait behind the load.
+ */
+function loadContext(dir, id, options) {
+  if (id !== null && typeof id === 'object') [id, options] = [undefined, id]
+  if (typeof dir !== 'string' || dir === '') throw coded('INVALID_OPTION', 'dir: must be a non-empty string')
+  if (id !== undefined && id !== null && typeof id !== 'string') throw coded('INVALID_OPTION', 'id: must be a string')
+  options = optionObject(options)
+  checkKeys('context', options)
+  const ctx = wrap(native.loadContextNative)(dir, id ?? null, options)
+  const ready = ctx.loaded()
+  ready.catch(() => {})
+  Object.defineProperty(ctx, 'ready', { value: ready, enumerable: false })
+  return ctx
+}
+
+/**
+ * `createServer(ctx, port, options?)`: OpenAI- and Anthropic-compatible HTTP on `port` (0: any
+ * free one). Like `Bun.serve`, a running server keeps the process alive until `close()`.
+ */
+function createServer(ctx, port, options) {
+  if (!(ctx instanceof native.ServerContext)) throw coded('INVALID_OPTION', 'ctx: must be a context made by loadContext()')
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw coded('INVALID_OPTION', `port: must be an integer in [0, 65535], got ${port}`)
+  options = optionObject(options)
+  checkKeys('server', options)
+  const server = wrap(native.createServerNative)(ctx, port, options)
+  const alive = setInterval(() => {}, 1 << 30)
+  const close = server.close.bind(server)
+  let closing = null
+  Object.defineProperty(server, 'close', {
+    value: () => {
+      closing ??= close().finally(() => clearInterval(alive))
+      return closing
+    },
+  })
+  return server
+}
+
 /** mlx-bun 0.5's placement policy; the result is frozen, as in mlx-bun. */
 function resolveExecution(request, capabilities, features) {
   const r = wrap(native.resolveExecutionNative)(request, capabilities, features)
@@ -513,6 +570,8 @@ module.exports = {
   resolveExecution,
   saveKvCache,
   loadKvCache,
+  loadContext,
+  createServer,
   Weights,
   Model: native.Model,
   Tokenizer: native.Tokenizer,

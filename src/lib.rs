@@ -9,4 +9,5 @@ pub mod model;
 pub mod napi;
 pub mod pull;
 pub mod sample;
+pub mod server;
 pub mod tokenizer;

@@ -1,4 +1,4 @@
-//! The `mlx-bun` command line: `pull`, `generate` and `convert`. The same entry point serves the
+//! The `mlx-bun` command line: `pull`, `generate`, `bench`, `serve` and `convert`. The same entry point serves the
 //! Rust binary and `npx mlx-bun` (through the addon's `runCli`).
 mod bench;
 
@@ -15,6 +15,7 @@ use crate::model::convert::{self, ConvertOptions};
 use crate::model::open_source;
 use crate::model::weights::{DType, F32Matmuls};
 use crate::pull;
+use crate::server::{ContextOptions, LogFormat, Server, ServerContext, ServerOptions};
 use crate::sample::{GenerateOptions, SamplingOptions};
 use crate::tokenizer::detok::StreamDecoder;
 use crate::tokenizer::template::RenderOptions;
@@ -71,6 +72,9 @@ enum Command {
         #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
         prefill_chunk_size: u32,
     },
+    /// Serve OpenAI- and Anthropic-compatible HTTP APIs (chat completions, completions,
+    /// messages) over one model, until SIGINT or SIGTERM.
+    Serve(ServeArgs),
     /// Write a model as an HF/MLX folder (safetensors, config.json, tokenizer files).
     Convert {
         model: PathBuf,
@@ -82,6 +86,59 @@ enum Command {
         #[arg(long)]
         q_group_size: Option<i32>,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Model folder or .gguf file (default: SmolLM2-135M-Instruct, pulled on first use).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The name clients send as `model` (default: the folder's or file's name).
+    #[arg(long)]
+    id: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port; the address is printed on stderr.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key`); also MLX_BUN_API_KEY.
+    #[arg(long, env = "MLX_BUN_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Allow browser requests from this origin (repeatable); none by default.
+    #[arg(long = "cors-origin")]
+    cors_origins: Vec<String>,
+    /// Bytes of KV caches kept for prompts that start the same way (0: none).
+    #[arg(long, default_value_t = crate::engine::inference::DEFAULT_PREFIX_CACHE_BYTES)]
+    prompt_cache_bytes: u64,
+    /// Requests decoded together in one batch; more wait in the queue.
+    #[arg(long, default_value_t = EngineOptions::default().max_active as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// Requests that may wait for a batch slot; beyond them the server answers 429.
+    #[arg(long, default_value_t = EngineOptions::default().max_queued as u32)]
+    max_queued: u32,
+    /// `max_tokens` when a request has none (default 65536 for chat, 512 for completions).
+    #[arg(long)]
+    default_max_tokens: Option<u32>,
+    #[arg(long)]
+    default_temperature: Option<f32>,
+    #[arg(long)]
+    default_top_p: Option<f32>,
+    #[arg(long)]
+    default_top_k: Option<u32>,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = crate::server::DEFAULT_BODY_LIMIT)]
+    body_limit: usize,
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
+    #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
+    f32_matmuls: F32MatmulsArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+    Off,
 }
 
 /// Which dense matrices are held in f32 for matmuls (`F32Matmuls`): auto and none = every matrix
@@ -151,6 +208,7 @@ fn execute(cmd: Command) -> Result<()> {
         Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
             bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
         }
+        Command::Serve(args) => serve(args),
         Command::Convert { model, out, dtype, q_bits, q_group_size } => {
             let dtype = dtype.map(|d| match d {
                 DtypeArg::F32 => DType::F32,
@@ -175,9 +233,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     };
     let (weights, config) = open_source(path)?;
     let weights = weights.with_f32_matmuls(f32_matmuls);
-    let mut eos = config.eos_token_ids.clone();
-    eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
-    opts.eos_token_ids = Some(eos);
+    opts.eos_token_ids = Some(crate::server::eos_ids(&config, &tokenizer));
     let vocab_size = config.vocab_size;
     let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
@@ -210,6 +266,56 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
     drop(engine);
     EngineThread::get().unload(model);
     Ok(())
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let model = match a.model {
+        Some(m) => m,
+        None => pull::pull_default(&pull::home(), true)?,
+    };
+    let ctx = ServerContext::load(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into() })?;
+    let options = ServerOptions {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key.filter(|k| !k.is_empty()),
+        cors_origins: a.cors_origins,
+        default_max_tokens: a.default_max_tokens,
+        default_temperature: a.default_temperature,
+        default_top_p: a.default_top_p,
+        default_top_k: a.default_top_k,
+        body_limit: a.body_limit,
+        log: match a.log_format {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+            LogFormatArg::Off => LogFormat::Off,
+        },
+        prompt_cache_bytes: a.prompt_cache_bytes,
+        batch: a.batch as usize,
+        max_queued: a.max_queued as usize,
+        ..Default::default()
+    };
+    let id = ctx.id.clone();
+    let mut server = Server::start(std::sync::Arc::new(ctx), options)?;
+    eprintln!("mlx-bun: serving {id} on {}", server.url());
+    wait_for_signal()?;
+    eprintln!("mlx-bun: shutting down");
+    server.close();
+    Ok(())
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::Internal(e.to_string()))?;
+    rt.block_on(async {
+        let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::Internal(e.to_string()))?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok(())
+    })
 }
 
 /// Converts `path` into an HF/MLX folder at `out`.

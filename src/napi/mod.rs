@@ -3,6 +3,7 @@
 mod convert;
 mod model;
 mod plan;
+mod server;
 mod session;
 mod tokenizer;
 mod tools;

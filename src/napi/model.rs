@@ -161,7 +161,7 @@ pub struct Model {
     load: Arc<tokio::sync::Mutex<Load>>,
 }
 
-enum Load {
+pub(super) enum Load {
     Pending(tokio::sync::oneshot::Receiver<crate::error::Result<()>>),
     /// The outcome, with a failure as its coded message (`js_error`'s form).
     Done(std::result::Result<(), String>),
@@ -178,7 +178,7 @@ pub struct LoadOptions {
     pub f32_matmuls: Option<String>,
 }
 
-fn f32_matmuls(options: Option<LoadOptions>) -> napi::Result<F32Matmuls> {
+pub(super) fn f32_matmuls(options: Option<LoadOptions>) -> napi::Result<F32Matmuls> {
     options.and_then(|o| o.f32_matmuls).map_or(Ok(F32Matmuls::default()), |choice| choice.parse::<F32Matmuls>().map_err(js_error))
 }
 
@@ -210,7 +210,7 @@ pub async fn load_model(path: String, options: Option<LoadOptions>) -> napi::Res
 }
 
 /// Waits for a model's load (see `Model::loaded`).
-async fn wait_loaded(load: Arc<tokio::sync::Mutex<Load>>) -> napi::Result<()> {
+pub(super) async fn wait_loaded(load: Arc<tokio::sync::Mutex<Load>>) -> napi::Result<()> {
     let mut load = load.lock().await;
     if let Load::Pending(loaded) = &mut *load {
         let outcome = loaded.await.unwrap_or(Err(Error::EngineDead));

@@ -1,0 +1,297 @@
+'use strict'
+// The HTTP server on real SmolLM2 (f32): `mlx-bun serve` driven by the official clients
+// (openai and @anthropic-ai/sdk from npm, openai from PyPI), greedy answers equal to generate()
+// on the same rendered prompt; stop strings across tokens; the prefix cache across turns;
+// disconnects, admission, limits, keys and malformed requests; createServer in the addon.
+const { test, describe, before, after } = require('node:test')
+const assert = require('node:assert/strict')
+const { spawn, execFileSync } = require('node:child_process')
+const path = require('node:path')
+
+const { default: OpenAI, APIUserAbortError } = require('openai')
+const { default: Anthropic } = require('@anthropic-ai/sdk')
+const mlx = require('..')
+const { ROOT, fixture } = require('./helpers')
+
+const MODEL = 'smollm2-f32'
+const QUESTION = [{ role: 'user', content: 'What is the capital of France?' }]
+
+/** Starts `mlx-bun serve` on a free port; resolves with the process and its URL. */
+function serve(args) {
+  const bin = path.join(ROOT, 'target', 'release', 'mlx-bun')
+  const child = spawn(bin, ['serve', '--model', fixture(MODEL), '--port', '0', ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
+  let log = ''
+  return new Promise((resolve, reject) => {
+    child.stderr.on('data', (d) => {
+      log += d
+      const m = /serving \S+ on (http:\S+)/.exec(log)
+      if (m) resolve({ child, url: m[1], log: () => log })
+    })
+    child.on('exit', (code) => reject(new Error(`mlx-bun serve exited with ${code}: ${log}`)))
+  })
+}
+
+async function post(url, body, headers = {}) {
+  const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) })
+  return { status: r.status, headers: r.headers, json: await r.json().catch(() => null) }
+}
+
+async function waitIdle(url) {
+  for (let i = 0; i < 100; i++) {
+    const s = await (await fetch(`${url}/stats`)).json()
+    if (s.live_sessions === 0) return s
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.fail('sessions still live 10 s after their clients left')
+}
+
+describe('mlx-bun serve on SmolLM2 (real weights)', () => {
+  let server, openai, anthropic, model, tok, template
+  /** What generate() makes of a rendered prompt: greedy text. */
+  async function reference(tokens, maxTokens) {
+    const ids = []
+    for await (const t of mlx.generate(model, tokens, { maxTokens, temperature: 0 })) ids.push(t.token)
+    return tok.decode(ids)
+  }
+  const chatPrompt = (messages) => tok.encode(template.render(messages), false)
+
+  before(async () => {
+    server = await serve(['--log-format', 'json'])
+    openai = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused' })
+    anthropic = new Anthropic({ baseURL: server.url, apiKey: 'unused' })
+    model = await mlx.loadModel(fixture(MODEL))
+    tok = mlx.loadTokenizer(fixture(MODEL))
+    template = mlx.ChatTemplate.load(fixture(MODEL))
+  })
+  after(async () => {
+    model.dispose()
+    server.child.kill('SIGTERM')
+    const code = await new Promise((r) => server.child.on('exit', r))
+    assert.equal(code, 0, 'SIGTERM ends the server cleanly')
+  })
+
+  test('chat completions, whole and streamed, equal generate() on the rendered prompt', async () => {
+    const want = await reference(chatPrompt(QUESTION), 12)
+    const r = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 12, temperature: 0 })
+    assert.equal(r.object, 'chat.completion')
+    assert.equal(r.choices[0].message.role, 'assistant')
+    assert.equal(r.choices[0].message.content, want)
+    assert.equal(r.usage.prompt_tokens, chatPrompt(QUESTION).length)
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+
+    const stream = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true } })
+    let text = ''
+    let finish = null
+    let usage = null
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage
+      for (const c of chunk.choices) {
+        text += c.delta.content ?? ''
+        finish = c.finish_reason ?? finish
+      }
+    }
+    assert.equal(text, want)
+    assert.equal(finish, r.choices[0].finish_reason)
+    assert.equal(usage.completion_tokens, r.usage.completion_tokens)
+    // The second identical request found the first one's prompt in the prefix cache.
+    assert.equal(usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens - 1)
+  })
+
+  test('a second turn prefills only what is new (the prefix cache)', async () => {
+    const first = await openai.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Name a color.' }], max_tokens: 6, temperature: 0 })
+    const turn = [{ role: 'user', content: 'Name a color.' }, first.choices[0].message, { role: 'user', content: 'Another one?' }]
+    const second = await openai.chat.completions.create({ model: MODEL, messages: turn, max_tokens: 6, temperature: 0 })
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens, JSON.stringify(second.usage))
+    assert.equal(second.choices[0].message.content, await reference(chatPrompt(turn), 6))
+    const stats = await (await fetch(`${server.url}/stats`)).json()
+    assert.ok(stats.prefix_cache.hits >= 2 && stats.prefix_cache.entries >= 1, JSON.stringify(stats))
+  })
+
+  test('completions: text or token prompts, echo, streaming', async () => {
+    const prompt = 'The quick brown fox'
+    const want = await reference(tok.encode(prompt, true), 8)
+    const r = await openai.completions.create({ model: MODEL, prompt, max_tokens: 8, temperature: 0 })
+    assert.equal(r.object, 'text_completion')
+    assert.equal(r.choices[0].text, want)
+    const ids = await openai.completions.create({ model: MODEL, prompt: Array.from(tok.encode(prompt, true)), max_tokens: 8, temperature: 0, echo: true })
+    assert.equal(ids.choices[0].text, tok.decode(tok.encode(prompt, true), false) + want)
+    let text = ''
+    for await (const c of await openai.completions.create({ model: MODEL, prompt, max_tokens: 8, temperature: 0, stream: true, echo: true })) text += c.choices[0]?.text ?? ''
+    assert.equal(text, prompt + want)
+  })
+
+  test('anthropic messages, whole and streamed, with its stop reasons', async () => {
+    const want = await reference(chatPrompt(QUESTION), 10)
+    const r = await anthropic.messages.create({ model: MODEL, max_tokens: 10, temperature: 0, messages: QUESTION })
+    assert.equal(r.type, 'message')
+    assert.equal(r.content[0].text, want)
+    assert.ok(['end_turn', 'max_tokens'].includes(r.stop_reason))
+    const events = []
+    const stream = anthropic.messages.stream({ model: MODEL, max_tokens: 10, temperature: 0, messages: QUESTION })
+    stream.on('streamEvent', (e) => events.push(e.type))
+    const final = await stream.finalMessage()
+    assert.equal(final.content[0].text, want)
+    assert.deepEqual([...new Set(events)], ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop'])
+    const sys = await anthropic.messages.create({ model: MODEL, max_tokens: 6, temperature: 0, system: 'Be brief.', messages: QUESTION })
+    assert.equal(sys.content[0].text, await reference(chatPrompt([{ role: 'system', content: 'Be brief.' }, ...QUESTION]), 6))
+  })
+
+  test('stop strings spanning tokens are cut exactly and never emitted', async () => {
+    const want = await reference(chatPrompt(QUESTION), 12) // "The capital of France is Paris."
+    const stop = 'ital of Fr' // ends inside " France", begins inside " capital"
+    assert.ok(want.includes(stop), want)
+    const cut = want.slice(0, want.indexOf(stop))
+    const r = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 12, temperature: 0, stop: ['nowhere', stop] })
+    assert.equal(r.choices[0].message.content, cut)
+    assert.equal(r.choices[0].finish_reason, 'stop')
+    let text = ''
+    for await (const c of await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 12, temperature: 0, stop, stream: true })) text += c.choices[0]?.delta?.content ?? ''
+    assert.equal(text, cut)
+    const m = await anthropic.messages.create({ model: MODEL, max_tokens: 12, temperature: 0, messages: QUESTION, stop_sequences: [stop] })
+    assert.equal(m.content[0].text, cut)
+    assert.equal(m.stop_reason, 'stop_sequence')
+    assert.equal(m.stop_sequence, stop)
+  })
+
+  test('logprobs: each token with its alternatives', async () => {
+    const r = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 })
+    const lp = r.choices[0].logprobs.content
+    assert.equal(lp.length, r.usage.completion_tokens)
+    assert.equal(lp.map((t) => t.token).join(''), r.choices[0].message.content)
+    for (const t of lp) {
+      assert.equal(t.top_logprobs.length, 2)
+      assert.equal(t.top_logprobs[0].token, t.token, 'greedy picks the most likely token')
+      assert.ok(t.logprob <= 0)
+    }
+  })
+
+  test("Python's openai client gets the same answers", async () => {
+    const want = await reference(chatPrompt(QUESTION), 8)
+    const script = `
+import json, sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
+msgs = [{"role": "user", "content": "What is the capital of France?"}]
+whole = c.chat.completions.create(model="${MODEL}", messages=msgs, max_tokens=8, temperature=0)
+streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(model="${MODEL}", messages=msgs, max_tokens=8, temperature=0, stream=True) if ch.choices)
+print(json.dumps([whole.choices[0].message.content, streamed]))
+`
+    const out = execFileSync(path.join(ROOT, '.venv', 'bin', 'python'), ['-c', script, server.url], { encoding: 'utf8' })
+    assert.deepEqual(JSON.parse(out), [want, want])
+  })
+
+  test('clients that leave mid-answer cancel their sessions; the others get their own answers', async () => {
+    const prompts = ['Name a fruit.', 'Count to five.', 'What is 2+2?'].map((q) => [{ role: 'user', content: q }])
+    const wants = await Promise.all(prompts.map((p) => reference(chatPrompt(p), 8)))
+    const leaving = async (messages, stream) => {
+      const ac = new AbortController()
+      try {
+        const r = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 200, temperature: 0, stream }, { signal: ac.signal })
+        if (stream) for await (const c of r) if (c.choices[0]?.delta?.content) break
+        else ac.abort()
+      } catch (e) {
+        assert.ok(e instanceof APIUserAbortError, String(e))
+      }
+    }
+    const staying = prompts.map(async (messages, i) => {
+      let text = ''
+      for await (const c of await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 8, temperature: 0, stream: true })) text += c.choices[0]?.delta?.content ?? ''
+      assert.equal(text, wants[i])
+    })
+    const gone = [leaving(prompts[0], true), leaving(prompts[1], true)]
+    // A whole (unstreamed) answer whose client leaves after 1.5 s.
+    const ac = new AbortController()
+    setTimeout(() => ac.abort(), 1500)
+    gone.push(openai.chat.completions.create({ model: MODEL, messages: prompts[2], max_tokens: 300, temperature: 0 }, { signal: ac.signal }).then(
+      () => assert.fail('the aborted request answered'),
+      (e) => assert.ok(e instanceof APIUserAbortError, String(e)),
+    ))
+    await Promise.all([...staying, ...gone])
+    const idle = await waitIdle(server.url)
+    assert.equal(idle.running, 0)
+  })
+
+  test('malformed requests get typed 4xx answers, and the server goes on', async () => {
+    const chat = `${server.url}/v1/chat/completions`
+    const cases = [
+      [chat, '{not json', 400, 'invalid_request_error', /invalid request body/],
+      [chat, { model: MODEL, messages: QUESTION, temprature: 1 }, 400, 'invalid_request_error', /unknown field `temprature`/],
+      [chat, { model: MODEL, messages: QUESTION, max_tokens: 'x' }, 400, 'invalid_request_error', /invalid type/],
+      [chat, { model: MODEL }, 400, 'invalid_request_error', /missing field `messages`/],
+      [chat, { model: 'gpt-4', messages: QUESTION }, 404, 'not_found_error', /not served here/],
+      [chat, { model: MODEL, messages: QUESTION, max_tokens: 0 }, 400, 'invalid_request_error', /max_tokens/],
+      [chat, { model: MODEL, messages: QUESTION, temperature: -1 }, 400, 'invalid_request_error', /temperature/],
+      [chat, { model: MODEL, messages: [] }, 400, 'invalid_request_error', /messages: must not be empty/],
+      [chat, { model: MODEL, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_request_error', /unknown role/],
+      [chat, { model: MODEL, messages: QUESTION, n: 2 }, 400, 'invalid_request_error', /n is not supported/],
+      [chat, { model: MODEL, messages: QUESTION, tools: [] }, 400, 'invalid_request_error', /tools is not supported/],
+      [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'json_object' } }, 400, 'invalid_request_error', /response_format is not supported/],
+      [chat, { model: MODEL, messages: QUESTION, logit_bias: { abc: 1 } }, 400, 'invalid_request_error', /logit_bias/],
+      [chat, { model: MODEL, messages: QUESTION, logit_bias: { 99999999: 1 } }, 400, 'invalid_request_error', /outside the vocabulary/],
+      [`${server.url}/v1/completions`, { model: MODEL, prompt: [1, 2, 99999999] }, 400, 'invalid_request_error', /outside the vocabulary/],
+      [`${server.url}/v1/nothing`, {}, 404, 'not_found_error', /no route/],
+    ]
+    for (const [url, body, status, type, message] of cases) {
+      const r = await post(url, body)
+      assert.equal(r.status, status, JSON.stringify(body))
+      assert.equal(r.json.error.type, type, JSON.stringify(r.json))
+      assert.match(r.json.error.message, message)
+    }
+    const m = await post(`${server.url}/v1/messages`, { model: MODEL, messages: QUESTION })
+    assert.equal(m.status, 400)
+    assert.equal(m.json.type, 'error')
+    assert.match(m.json.error.message, /missing field `max_tokens`/)
+    await assert.rejects(anthropic.messages.create({ model: MODEL, max_tokens: 4, messages: [{ role: 'system', content: 'x' }] }), (e) => e.status === 400 && e.error.type === 'error')
+    assert.equal((await fetch(chat)).status, 405)
+    const ok = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 2, temperature: 0 })
+    assert.equal(ok.choices.length, 1)
+    assert.match(server.log(), /"path":"\/v1\/chat\/completions","status":200,"prompt_tokens":\d+,"cached_tokens":\d+,"generated_tokens":2/)
+  })
+
+  test('health and models', async () => {
+    assert.deepEqual(await (await fetch(`${server.url}/health`)).json(), { status: 'ok', model: MODEL })
+    const list = await openai.models.list()
+    assert.deepEqual(list.data.map((m) => m.id), [MODEL])
+  })
+})
+
+describe('createServer in the addon', () => {
+  test('keys, admission, body limit and close', async () => {
+    const ctx = mlx.loadContext(fixture(MODEL), 'smol')
+    await ctx.ready
+    assert.equal(ctx.id, 'smol')
+    const s = mlx.createServer(ctx, 0, { apiKey: 'sekret', batch: 1, maxQueued: 0, bodyLimit: 4096, log: 'off', shutdownGraceMs: 200 })
+    assert.match(s.url, /^http:\/\/127\.0\.0\.1:\d+$/)
+    const body = { model: 'smol', messages: QUESTION, max_tokens: 2, temperature: 0 }
+    const chat = `${s.url}/v1/chat/completions`
+    const denied = await post(chat, body)
+    assert.equal(denied.status, 401)
+    assert.equal(denied.json.error.type, 'invalid_api_key')
+    assert.equal((await post(chat, body, { authorization: 'Bearer wrong' })).status, 401)
+    assert.equal((await fetch(`${s.url}/health`)).status, 200, '/health needs no key')
+    assert.equal((await post(chat, body, { authorization: 'Bearer sekret' })).status, 200)
+    const a = new Anthropic({ baseURL: s.url, apiKey: 'sekret' }) // sends x-api-key
+    assert.equal((await a.messages.create({ model: 'smol', max_tokens: 2, messages: QUESTION })).type, 'message')
+    const big = await post(chat, { ...body, messages: [{ role: 'user', content: 'x'.repeat(5000) }] }, { authorization: 'Bearer sekret' })
+    assert.equal(big.status, 413)
+    // One slot and no queue: a second request while one runs is told to come back later.
+    const auth = { authorization: 'Bearer sekret' }
+    const running = post(chat, { ...body, max_tokens: 20 }, auth)
+    await new Promise((r) => setTimeout(r, 300))
+    const refused = await post(chat, body, auth)
+    assert.equal(refused.status, 429)
+    assert.equal(refused.headers.get('retry-after'), '1')
+    assert.equal((await running).status, 200)
+    // close() cancels what is still running after the grace period and frees the port.
+    const inflight = fetch(chat, { method: 'POST', headers: auth, body: JSON.stringify({ ...body, max_tokens: 500, stream: true }) }).then((r) => r.text())
+    await new Promise((r) => setTimeout(r, 300))
+    const t0 = Date.now()
+    await s.close()
+    assert.ok(Date.now() - t0 < 5000, 'close is bounded')
+    assert.match(await inflight, /data: \{"error"/)
+    await assert.rejects(fetch(`${s.url}/health`))
+    assert.throws(() => mlx.createServer(ctx, 0, { kvQuant: 4 }), { code: 'UNSUPPORTED_OPTION' })
+    assert.throws(() => mlx.createServer(ctx, 0, { btach: 2 }), { code: 'INVALID_OPTION', message: /did you mean 'batch'/ })
+    assert.throws(() => mlx.createServer(ctx, 70000), { code: 'INVALID_OPTION' })
+  })
+})

@@ -1,0 +1,340 @@
+//! OpenAI's API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, with
+//! their streaming (server-sent events ending in `data: [DONE]`) and usage shapes.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value as Json_};
+
+use super::error::ApiError;
+use super::generation::{Chunk, Piece, Run, Summary};
+use super::params::{Sampling, Stop};
+use super::app::{check_model, request_id, sse, App};
+use super::body;
+use super::log::LogSlot;
+use crate::engine::FinishReason;
+use crate::sample::logprobs::TokenLogprobs;
+use crate::tokenizer::template::RenderOptions;
+use crate::tokenizer::Tokenizer;
+
+/// mlx-bun's default `max_tokens` for chat completions (`defaultMaxTokens`).
+pub const DEFAULT_CHAT_MAX_TOKENS: u32 = 65_536;
+/// ... and for plain completions.
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 512;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatRequest {
+    model: String,
+    messages: Vec<Json_>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    logit_bias: Option<BTreeMap<String, f32>>,
+    stop: Option<Stop>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
+    n: Option<u32>,
+    /// An end-user identifier: informational, written to the request log.
+    user: Option<String>,
+    tools: Option<Json_>,
+    tool_choice: Option<Json_>,
+    response_format: Option<Json_>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    model: String,
+    prompt: Prompt,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    echo: Option<bool>,
+    max_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    logit_bias: Option<BTreeMap<String, f32>>,
+    stop: Option<Stop>,
+    n: Option<u32>,
+    user: Option<String>,
+    logprobs: Option<u32>,
+    suffix: Option<String>,
+}
+
+/// The text of a message's `content`: a string, or the text parts of a list (joined, as
+/// mlx-lm's server does); anything else (images, audio) is refused.
+pub fn text_content(content: &Json_, param: &str) -> Result<String, ApiError> {
+    match content {
+        Json_::Null => Ok(String::new()),
+        Json_::String(s) => Ok(s.clone()),
+        Json_::Array(parts) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(Json_::as_str), p.get("text").and_then(Json_::as_str)) {
+                (Some("text"), Some(t)) => Ok(t),
+                (Some(other), _) if other != "text" => Err(ApiError::unsupported(&format!("{param}[].type={other}"), "only text content is served")),
+                _ => Err(ApiError::param(param, "each part must be {type: \"text\", text}")),
+            })
+            .collect(),
+        _ => Err(ApiError::param(param, "must be a string or a list of content parts")),
+    }
+}
+
+/// Messages as the chat template takes them: roles checked, content flattened to text, other
+/// keys passed through (as transformers passes them).
+fn template_messages(messages: Vec<Json_>) -> Result<Json_, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::param("messages", "must not be empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let Json_::Object(mut m) = m else { return Err(ApiError::param(&format!("messages[{i}]"), "must be an object")) };
+        let role = match m.get("role").and_then(Json_::as_str) {
+            Some("developer") => "system",
+            Some(r @ ("system" | "user" | "assistant")) => r,
+            Some("tool") => return Err(ApiError::unsupported(&format!("messages[{i}].role=tool"), "tool calling is not served yet")),
+            Some(r) => return Err(ApiError::param(&format!("messages[{i}].role"), format!("unknown role '{r}'"))),
+            None => return Err(ApiError::param(&format!("messages[{i}].role"), "is required")),
+        };
+        if m.contains_key("tool_calls") {
+            return Err(ApiError::unsupported(&format!("messages[{i}].tool_calls"), "tool calling is not served yet"));
+        }
+        let content = text_content(m.get("content").unwrap_or(&Json_::Null), &format!("messages[{i}].content"))?;
+        m.insert("role".into(), role.into());
+        m.insert("content".into(), content.into());
+        out.push(Json_::Object(m));
+    }
+    Ok(Json_::Array(out))
+}
+
+fn refuse(present: bool, param: &str, why: &str) -> Result<(), ApiError> {
+    if present {
+        Err(ApiError::unsupported(param, why))
+    } else {
+        Ok(())
+    }
+}
+
+fn one_choice(n: Option<u32>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::unsupported("n", "one choice per request")),
+    }
+}
+
+pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: body::Body) -> Result<Response, ApiError> {
+    let r: ChatRequest = bytes.json()?;
+    check_model(&app, &r.model)?;
+    one_choice(r.n)?;
+    refuse(r.tools.is_some() || r.tool_choice.is_some(), "tools", "tool calling is not served yet")?;
+    refuse(r.response_format.is_some(), "response_format", "grammar-constrained decoding is not served yet")?;
+    let ctx = &app.ctx;
+    let template = ctx.template.as_ref().ok_or_else(|| ApiError::bad_request(format!("{} has no chat template; use /v1/completions", ctx.id)))?;
+    let text = template.render(&template_messages(r.messages)?, &RenderOptions::default())?;
+    let prompt = ctx.tokenizer.encode(&text, false)?;
+    let sampling = Sampling {
+        max_tokens: r.max_completion_tokens.or(r.max_tokens),
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        min_p: r.min_p,
+        seed: r.seed,
+        presence_penalty: r.presence_penalty,
+        frequency_penalty: r.frequency_penalty,
+        repetition_penalty: r.repetition_penalty,
+        logit_bias: r.logit_bias,
+        top_logprobs: r.top_logprobs,
+        logprobs: r.logprobs.unwrap_or(false),
+    };
+    let opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_CHAT_MAX_TOKENS))?;
+    log.begin(prompt.len(), r.user);
+    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
+    let id = request_id("chatcmpl");
+    let (model, created) = (ctx.id.clone(), ctx.created);
+    let tokenizer = ctx.tokenizer.clone();
+    if !r.stream.unwrap_or(false) {
+        let (all, summary) = run.collect().await?;
+        log.finish(&summary);
+        return Ok(Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": all.text},
+                "logprobs": chat_logprobs(&tokenizer, &all),
+                "finish_reason": finish(&summary),
+            }],
+            "usage": usage(&summary),
+        }))
+        .into_response());
+    }
+    let include_usage = r.stream_options.unwrap_or_default().include_usage.unwrap_or(false);
+    let chunk = move |choices: Json_, usage: Option<Json_>| {
+        let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
+        if let Some(u) = usage {
+            c["usage"] = u;
+        }
+        Event::default().data(c.to_string())
+    };
+    let first = chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None);
+    Ok(sse(run, vec![first], log, move |c| match c {
+        Ok(Chunk::Piece(p)) => {
+            vec![chunk(json!([{"index": 0, "delta": {"content": p.text}, "logprobs": chat_logprobs(&tokenizer, &p), "finish_reason": null}]), None)]
+        }
+        Ok(Chunk::Done(s)) => {
+            let mut events = vec![chunk(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish(&s)}]), None)];
+            if include_usage {
+                events.push(chunk(json!([]), Some(usage(&s))));
+            }
+            events.push(Event::default().data("[DONE]"));
+            events
+        }
+        Err(e) => vec![error_event(e)],
+    }))
+}
+
+pub async fn completions(State(app): State<Arc<App>>, log: LogSlot, bytes: body::Body) -> Result<Response, ApiError> {
+    let r: CompletionRequest = bytes.json()?;
+    check_model(&app, &r.model)?;
+    one_choice(r.n)?;
+    refuse(r.suffix.is_some(), "suffix", "fill-in-the-middle is not served yet")?;
+    refuse(r.logprobs.is_some(), "logprobs", "this route reports no logprobs yet; /v1/chat/completions does")?;
+    let ctx = &app.ctx;
+    let (prompt, prompt_text) = match r.prompt {
+        Prompt::Text(t) => (ctx.tokenizer.encode(&t, true)?, t),
+        Prompt::Texts(mut t) if t.len() == 1 => {
+            let t = t.remove(0);
+            (ctx.tokenizer.encode(&t, true)?, t)
+        }
+        Prompt::Texts(_) => return Err(ApiError::unsupported("prompt", "one prompt per request")),
+        Prompt::Ids(ids) => {
+            let text = ctx.tokenizer.decode(&ids, false)?;
+            (ids, text)
+        }
+    };
+    let sampling = Sampling {
+        max_tokens: r.max_tokens,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        min_p: r.min_p,
+        seed: r.seed,
+        presence_penalty: r.presence_penalty,
+        frequency_penalty: r.frequency_penalty,
+        repetition_penalty: r.repetition_penalty,
+        logit_bias: r.logit_bias,
+        ..Default::default()
+    };
+    let opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS))?;
+    log.begin(prompt.len(), r.user);
+    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
+    let echo = if r.echo.unwrap_or(false) { prompt_text } else { String::new() };
+    let id = request_id("cmpl");
+    let (model, created) = (ctx.id.clone(), ctx.created);
+    let body = move |text: String, finish_reason: Json_| {
+        json!({"id": id, "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}]})
+    };
+    if !r.stream.unwrap_or(false) {
+        let (all, summary) = run.collect().await?;
+        log.finish(&summary);
+        let mut out = body(echo + &all.text, finish(&summary).into());
+        out["usage"] = usage(&summary);
+        return Ok(Json(out).into_response());
+    }
+    let include_usage = r.stream_options.unwrap_or_default().include_usage.unwrap_or(false);
+    let first = if echo.is_empty() { vec![] } else { vec![Event::default().data(body(echo, Json_::Null).to_string())] };
+    Ok(sse(run, first, log, move |c| match c {
+        Ok(Chunk::Piece(p)) => vec![Event::default().data(body(p.text, Json_::Null).to_string())],
+        Ok(Chunk::Done(s)) => {
+            let mut last = body(String::new(), finish(&s).into());
+            if include_usage {
+                last["usage"] = usage(&s);
+            }
+            vec![Event::default().data(last.to_string()), Event::default().data("[DONE]")]
+        }
+        Err(e) => vec![error_event(e)],
+    }))
+}
+
+pub async fn models(State(app): State<Arc<App>>) -> Json<Json_> {
+    Json(json!({"object": "list", "data": [{"id": app.ctx.id, "object": "model", "created": app.ctx.created, "owned_by": "mlx-bun"}]}))
+}
+
+fn finish(s: &Summary) -> &'static str {
+    match s.finish_reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn usage(s: &Summary) -> Json_ {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
+}
+
+/// `choices[].logprobs` of a chat completion: each token with its logprob and bytes, and the
+/// most likely alternatives; `null` when none were asked for.
+fn chat_logprobs(tokenizer: &Tokenizer, piece: &Piece) -> Json_ {
+    if piece.tokens.is_empty() {
+        return Json_::Null;
+    }
+    let entry = |id: u32, logprob: f32| {
+        let token = tokenizer.decode(&[id], false).unwrap_or_default();
+        json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+    };
+    let content: Vec<Json_> = piece
+        .tokens
+        .iter()
+        .map(|(id, lp): &(u32, TokenLogprobs)| {
+            let mut e = entry(*id, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|t| entry(t.id, t.logprob)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// An error after the stream began: the status line is already sent, so it goes as an event.
+fn error_event(e: ApiError) -> Event {
+    let response_body = json!({"error": {"message": e.message, "type": "server_error", "param": e.param, "code": e.code}});
+    Event::default().data(response_body.to_string())
+}
