@@ -65,7 +65,7 @@ const OPTION_KEYS = {
   engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
     'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate']),
   load: new Set(['f32Matmuls']),
-  context: new Set(['f32Matmuls']),
+  context: new Set(['f32Matmuls', 'chatTemplate']),
   server: new Set(['host', 'apiKey', 'corsOrigins', 'defaultMaxTokens', 'defaultTemperature', 'defaultTopP', 'defaultTopK',
     'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs']),
 }
@@ -517,7 +517,12 @@ function loadContext(dir, id, options) {
   if (id !== undefined && id !== null && typeof id !== 'string') throw coded('INVALID_OPTION', 'id: must be a string')
   options = optionObject(options)
   checkKeys('context', options)
-  const ctx = wrap(native.loadContextNative)(dir, id ?? null, options)
+  const { chatTemplate, ...load } = options
+  let source = null
+  if (chatTemplate instanceof native.ChatTemplate) source = chatTemplate.source
+  else if (typeof chatTemplate === 'string') source = chatTemplate
+  else if (chatTemplate != null) throw coded('INVALID_OPTION', 'chatTemplate: must be a ChatTemplate or a template source string')
+  const ctx = wrap(native.loadContextNative)(dir, id ?? null, load, source)
   const ready = ctx.loaded()
   ready.catch(() => {})
   Object.defineProperty(ctx, 'ready', { value: ready, enumerable: false })

@@ -224,7 +224,6 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
       [chat, { model: MODEL, messages: [] }, 400, 'invalid_request_error', /messages: must not be empty/],
       [chat, { model: MODEL, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_request_error', /unknown role/],
       [chat, { model: MODEL, messages: QUESTION, n: 2 }, 400, 'invalid_request_error', /n is not supported/],
-      [chat, { model: MODEL, messages: QUESTION, tools: [] }, 400, 'invalid_request_error', /tools is not supported/],
       [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'json_object' } }, 400, 'invalid_request_error', /response_format is not supported/],
       [chat, { model: MODEL, messages: QUESTION, logit_bias: { abc: 1 } }, 400, 'invalid_request_error', /logit_bias/],
       [chat, { model: MODEL, messages: QUESTION, logit_bias: { 99999999: 1 } }, 400, 'invalid_request_error', /outside the vocabulary/],
@@ -252,6 +251,86 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
     assert.deepEqual(await (await fetch(`${server.url}/health`)).json(), { status: 'ok', model: MODEL })
     const list = await openai.models.list()
     assert.deepEqual(list.data.map((m) => m.id), [MODEL])
+  })
+})
+
+describe('tool calls (SmolLM2 with a ChatML tools template)', () => {
+  const source = require('node:fs').readFileSync(path.join(__dirname, 'tools-template.jinja'), 'utf8')
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }]
+  const call = (id, city) => ({ id, type: 'function', function: { name: 'get_weather', arguments: JSON.stringify({ city }) } })
+  // One example call is enough for the model to answer the next question with a call.
+  const asking = [
+    { role: 'user', content: 'What is the weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [call('call_0', 'Paris')] },
+    { role: 'user', content: 'What is the weather in London?' },
+  ]
+  let ctx, s, openai, model, tok, template
+  before(async () => {
+    ctx = mlx.loadContext(fixture(MODEL), { chatTemplate: source })
+    s = mlx.createServer(ctx, 0, { log: 'off' })
+    openai = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'unused' })
+    model = await mlx.loadModel(fixture(MODEL))
+    tok = mlx.loadTokenizer(fixture(MODEL))
+    template = mlx.ChatTemplate.fromString(source)
+  })
+  after(async () => {
+    await s.close()
+    model.dispose()
+  })
+  /** The prompt the server renders: calls' arguments as objects (templates write them with tojson). */
+  const prompt = (messages) =>
+    tok.encode(template.render(messages.map((m) => (m.tool_calls ? { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.parse(c.function.arguments) } })) } : m)), { tools }), false)
+  /** generate()'s greedy text for that prompt. */
+  async function raw(messages, maxTokens) {
+    const ids = []
+    for await (const t of mlx.generate(model, prompt(messages), { maxTokens, temperature: 0 })) ids.push(t.token)
+    return tok.decode(ids)
+  }
+
+  test('a call the model writes comes back as tool_calls, whole and streamed', async () => {
+    const text = await raw(asking, 30)
+    const m = /^<tool_call>(.*)<\/tool_call>\s*$/s.exec(text)
+    assert.ok(m, `the model wrote a call: ${text}`)
+    const written = JSON.parse(m[1])
+    const r = await openai.chat.completions.create({ model: MODEL, messages: asking, tools, max_tokens: 30, temperature: 0 })
+    const choice = r.choices[0]
+    assert.equal(choice.finish_reason, 'tool_calls')
+    assert.equal(choice.message.content, null)
+    assert.equal(choice.message.tool_calls.length, 1)
+    assert.equal(choice.message.tool_calls[0].type, 'function')
+    assert.equal(choice.message.tool_calls[0].function.name, written.name)
+    assert.deepEqual(JSON.parse(choice.message.tool_calls[0].function.arguments), written.arguments)
+    const calls = []
+    let finish = null
+    for await (const c of await openai.chat.completions.create({ model: MODEL, messages: asking, tools, max_tokens: 30, temperature: 0, stream: true })) {
+      for (const tc of c.choices[0]?.delta?.tool_calls ?? []) calls.push(tc)
+      finish = c.choices[0]?.finish_reason ?? finish
+      assert.ok(!c.choices[0]?.delta?.content?.includes('<tool_call>'), 'the call is not streamed as text')
+    }
+    assert.equal(finish, 'tool_calls')
+    assert.deepEqual(calls.map((c) => [c.index, c.function.name, JSON.parse(c.function.arguments)]), [[0, written.name, written.arguments]])
+  })
+
+  test('the call and its result fed back reach the model as the template writes them', async () => {
+    const back = [...asking, { role: 'assistant', content: null, tool_calls: [call('call_1', 'London')] }, { role: 'tool', tool_call_id: 'call_1', content: 'rainy, 12 C' }]
+    const r = await openai.chat.completions.create({ model: MODEL, messages: back, tools, max_tokens: 12, temperature: 0 })
+    assert.equal(r.choices[0].message.content, await raw(back, 12))
+    assert.equal(r.usage.prompt_tokens, prompt(back).length)
+  })
+
+  test("tools are refused where the template has no tool format, and tool_choice beyond 'auto'/'none'", async () => {
+    const plain = mlx.loadContext(fixture(MODEL))
+    const p = mlx.createServer(plain, 0, { log: 'off' })
+    try {
+      const r = await post(`${p.url}/v1/chat/completions`, { model: MODEL, messages: QUESTION, tools })
+      assert.equal(r.status, 400)
+      assert.match(r.json.error.message, /renders no tools/)
+    } finally {
+      await p.close()
+    }
+    const forced = await post(`${s.url}/v1/chat/completions`, { model: MODEL, messages: asking, tools, tool_choice: 'required' })
+    assert.equal(forced.status, 400)
+    assert.equal(forced.json.error.code, 'unsupported_parameter')
   })
 })
 

@@ -130,6 +130,9 @@ struct ServeArgs {
     body_limit: usize,
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     log_format: LogFormatArg,
+    /// A Jinja chat template file to use instead of the model's own.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
     f32_matmuls: F32MatmulsArg,
 }
@@ -273,7 +276,11 @@ fn serve(a: ServeArgs) -> Result<()> {
         Some(m) => m,
         None => pull::pull_default(&pull::home(), true)?,
     };
-    let ctx = ServerContext::load(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into() })?;
+    let chat_template = match &a.chat_template {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?),
+        None => None,
+    };
+    let ctx = ServerContext::load(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
     let options = ServerOptions {
         host: a.host,
         port: a.port,

@@ -21,10 +21,11 @@ pub struct ServerContext {
     load: Arc<tokio::sync::Mutex<Load>>,
 }
 
+/// `chatTemplate`: a template's source, used instead of the model's own.
 #[napi(catch_unwind)]
-pub fn load_context_native(path: String, id: Option<String>, options: Option<LoadOptions>) -> napi::Result<ServerContext> {
+pub fn load_context_native(path: String, id: Option<String>, options: Option<LoadOptions>, chat_template: Option<String>) -> napi::Result<ServerContext> {
     let f32_matmuls = f32_matmuls(options)?;
-    let (ctx, loaded) = CoreContext::open(Path::new(&path), ContextOptions { id, f32_matmuls }).map_err(js_error)?;
+    let (ctx, loaded) = CoreContext::open(Path::new(&path), ContextOptions { id, f32_matmuls, chat_template }).map_err(js_error)?;
     Ok(ServerContext { inner: Arc::new(ctx), load: Arc::new(tokio::sync::Mutex::new(Load::Pending(loaded))) })
 }
 

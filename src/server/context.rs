@@ -27,6 +27,8 @@ pub struct ContextOptions {
     /// The model's name for clients; defaults to the folder's or file's name.
     pub id: Option<String>,
     pub f32_matmuls: F32Matmuls,
+    /// A Jinja chat template to use instead of the model's own (its source).
+    pub chat_template: Option<String>,
 }
 
 pub struct ServerContext {
@@ -63,8 +65,11 @@ impl ServerContext {
     /// thread: the context is usable at once (requests wait behind the load, and fail with its
     /// error if it fails); the receiver says how the load ended.
     pub fn open(path: &Path, options: ContextOptions) -> Result<(Self, oneshot::Receiver<Result<()>>)> {
-        let ContextOptions { id, f32_matmuls } = options;
-        let (tokenizer, template) = load_tokenizer(path)?;
+        let ContextOptions { id, f32_matmuls, chat_template } = options;
+        let (tokenizer, mut template) = load_tokenizer(path)?;
+        if let Some(source) = chat_template {
+            template = Some(ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?);
+        }
         let (weights, config) = open_source(path)?;
         let weights = weights.with_f32_matmuls(f32_matmuls);
         let eos_ids = eos_ids(&config, &tokenizer);

@@ -6,6 +6,7 @@
 mod anthropic;
 mod app;
 mod body;
+mod channels;
 mod context;
 mod error;
 mod generation;

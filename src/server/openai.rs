@@ -10,6 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
+use super::channels::{thinks, Channels, Split, ToolCall, ToolFormat};
 use super::error::ApiError;
 use super::generation::{Chunk, Piece, Run, Summary};
 use super::params::{Sampling, Stop};
@@ -56,9 +57,11 @@ struct ChatRequest {
     n: Option<u32>,
     /// An end-user identifier: informational, written to the request log.
     user: Option<String>,
-    tools: Option<Json_>,
+    tools: Option<Vec<Json_>>,
     tool_choice: Option<Json_>,
     response_format: Option<Json_>,
+    /// Further chat-template variables (`enable_thinking`, ...), as mlx-lm's server takes them.
+    chat_template_kwargs: Option<serde_json::Map<String, Json_>>,
 }
 
 #[derive(Deserialize)]
@@ -122,14 +125,20 @@ fn template_messages(messages: Vec<Json_>) -> Result<Json_, ApiError> {
     for (i, m) in messages.into_iter().enumerate() {
         let Json_::Object(mut m) = m else { return Err(ApiError::param(&format!("messages[{i}]"), "must be an object")) };
         let role = match m.get("role").and_then(Json_::as_str) {
-            Some("developer") => "system",
-            Some(r @ ("system" | "user" | "assistant")) => r,
-            Some("tool") => return Err(ApiError::unsupported(&format!("messages[{i}].role=tool"), "tool calling is not served yet")),
+            Some("developer") => "system".to_string(),
+            Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
             Some(r) => return Err(ApiError::param(&format!("messages[{i}].role"), format!("unknown role '{r}'"))),
             None => return Err(ApiError::param(&format!("messages[{i}].role"), "is required")),
         };
-        if m.contains_key("tool_calls") {
-            return Err(ApiError::unsupported(&format!("messages[{i}].tool_calls"), "tool calling is not served yet"));
+        // Templates write a call's arguments with `tojson`: they take the object, not its text.
+        if let Some(Json_::Array(calls)) = m.get_mut("tool_calls") {
+            for call in calls {
+                if let Some(args) = call.pointer_mut("/function/arguments") {
+                    if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str::<Json_>(a).ok()) {
+                        *args = parsed;
+                    }
+                }
+            }
         }
         let content = text_content(m.get("content").unwrap_or(&Json_::Null), &format!("messages[{i}].content"))?;
         m.insert("role".into(), role.into());
@@ -158,12 +167,22 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     let r: ChatRequest = bytes.json()?;
     check_model(&app, &r.model)?;
     one_choice(r.n)?;
-    refuse(r.tools.is_some() || r.tool_choice.is_some(), "tools", "tool calling is not served yet")?;
     refuse(r.response_format.is_some(), "response_format", "grammar-constrained decoding is not served yet")?;
     let ctx = &app.ctx;
     let template = ctx.template.as_ref().ok_or_else(|| ApiError::bad_request(format!("{} has no chat template; use /v1/completions", ctx.id)))?;
-    let text = template.render(&template_messages(r.messages)?, &RenderOptions::default())?;
+    let tools = match r.tool_choice.as_ref().map(|c| c.as_str()) {
+        None | Some(Some("auto")) => r.tools.filter(|t| !t.is_empty()),
+        Some(Some("none")) => None,
+        Some(_) => return Err(ApiError::unsupported("tool_choice", "only 'auto' and 'none' are served (forcing a call needs constrained decoding)")),
+    };
+    let format = match &tools {
+        None => None,
+        Some(_) => Some(ToolFormat::detect(template.source()).ok_or_else(|| ApiError::unsupported("tools", &format!("the chat template of {} renders no tools", ctx.id)))?),
+    };
+    let render = RenderOptions { tools: tools.map(Json_::Array), extra: r.chat_template_kwargs.unwrap_or_default(), ..Default::default() };
+    let text = template.render(&template_messages(r.messages)?, &render)?;
     let prompt = ctx.tokenizer.encode(&text, false)?;
+    let mut channels = Channels::new(format, thinks(template.source()), text.trim_end().ends_with("<think>"));
     let sampling = Sampling {
         max_tokens: r.max_completion_tokens.or(r.max_tokens),
         temperature: r.temperature,
@@ -187,6 +206,21 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     if !r.stream.unwrap_or(false) {
         let (all, summary) = run.collect().await?;
         log.finish(&summary);
+        let mut split = channels.push(&all.text);
+        let rest = channels.finish();
+        split.content += &rest.content;
+        split.reasoning += &rest.reasoning;
+        split.calls.extend(rest.calls);
+        // With calls and no words, OpenAI's `content` is null.
+        let content = if split.calls.is_empty() || !split.content.trim().is_empty() { Json_::from(split.content) } else { Json_::Null };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !split.reasoning.is_empty() {
+            message["reasoning_content"] = split.reasoning.into();
+        }
+        let reason = if split.calls.is_empty() { finish(&summary) } else { "tool_calls" };
+        if !split.calls.is_empty() {
+            message["tool_calls"] = tool_calls(&id, 0, &split.calls);
+        }
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -194,15 +228,16 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
             "model": model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": all.text},
+                "message": message,
                 "logprobs": chat_logprobs(&tokenizer, &all),
-                "finish_reason": finish(&summary),
+                "finish_reason": reason,
             }],
             "usage": usage(&summary),
         }))
         .into_response());
     }
     let include_usage = r.stream_options.unwrap_or_default().include_usage.unwrap_or(false);
+    let call_ids = id.clone();
     let chunk = move |choices: Json_, usage: Option<Json_>| {
         let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
         if let Some(u) = usage {
@@ -211,12 +246,39 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
         Event::default().data(c.to_string())
     };
     let first = chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None);
+    let mut calls = 0;
+    let mut delta = move |split: Split| -> Option<Json_> {
+        let mut d = serde_json::Map::new();
+        if !split.content.is_empty() {
+            d.insert("content".into(), split.content.into());
+        }
+        if !split.reasoning.is_empty() {
+            d.insert("reasoning_content".into(), split.reasoning.into());
+        }
+        if !split.calls.is_empty() {
+            d.insert("tool_calls".into(), tool_calls(&call_ids, calls, &split.calls));
+            calls += split.calls.len();
+        }
+        (!d.is_empty()).then_some(Json_::Object(d))
+    };
+    let mut called = false;
     Ok(sse(run, vec![first], log, move |c| match c {
         Ok(Chunk::Piece(p)) => {
-            vec![chunk(json!([{"index": 0, "delta": {"content": p.text}, "logprobs": chat_logprobs(&tokenizer, &p), "finish_reason": null}]), None)]
+            let split = channels.push(&p.text);
+            called |= !split.calls.is_empty();
+            let lp = chat_logprobs(&tokenizer, &p);
+            match delta(split) {
+                Some(d) => vec![chunk(json!([{"index": 0, "delta": d, "logprobs": lp, "finish_reason": null}]), None)],
+                None if !lp.is_null() => vec![chunk(json!([{"index": 0, "delta": {"content": ""}, "logprobs": lp, "finish_reason": null}]), None)],
+                None => vec![],
+            }
         }
         Ok(Chunk::Done(s)) => {
-            let mut events = vec![chunk(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish(&s)}]), None)];
+            let rest = channels.finish();
+            called |= !rest.calls.is_empty();
+            let mut events: Vec<Event> = delta(rest).map(|d| chunk(json!([{"index": 0, "delta": d, "logprobs": null, "finish_reason": null}]), None)).into_iter().collect();
+            let reason = if called { "tool_calls" } else { finish(&s) };
+            events.push(chunk(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason}]), None));
             if include_usage {
                 events.push(chunk(json!([]), Some(usage(&s))));
             }
@@ -300,6 +362,18 @@ fn finish(s: &Summary) -> &'static str {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
     }
+}
+
+/// `tool_calls` as OpenAI writes them; ids are the completion's id and the call's index.
+fn tool_calls(id: &str, first: usize, calls: &[ToolCall]) -> Json_ {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": first + i, "id": format!("call_{}_{}", id.trim_start_matches("chatcmpl-"), first + i), "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
 }
 
 fn usage(s: &Summary) -> Json_ {

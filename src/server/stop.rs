@@ -29,7 +29,7 @@ impl StopMatcher {
             self.held.clear();
             return Matched { text, stop: Some(stop.clone()) };
         }
-        let keep = self.partial_suffix();
+        let keep = partial_suffix(&self.held, self.stops.iter().map(String::as_str));
         let text = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         Matched { text, stop: None }
@@ -39,20 +39,20 @@ impl StopMatcher {
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
+}
 
-    /// Bytes at the end of `held` that begin some stop string (the longest such suffix).
-    fn partial_suffix(&self) -> usize {
-        let h = &self.held;
-        self.stops
-            .iter()
-            .filter_map(|s| {
-                (1..s.len().min(h.len() + 1))
-                    .rev()
-                    .find(|&n| h.is_char_boundary(h.len() - n) && s.as_bytes().starts_with(&h.as_bytes()[h.len() - n..]))
-            })
-            .max()
-            .unwrap_or(0)
-    }
+/// Bytes at the end of `held` that begin one of `markers` without completing it (the longest
+/// such tail): text that must wait for the next piece.
+pub fn partial_suffix<'a>(held: &str, markers: impl IntoIterator<Item = &'a str>) -> usize {
+    markers
+        .into_iter()
+        .filter_map(|m| {
+            (1..m.len().min(held.len() + 1))
+                .rev()
+                .find(|&n| held.is_char_boundary(held.len() - n) && m.as_bytes().starts_with(&held.as_bytes()[held.len() - n..]))
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
