@@ -15,6 +15,7 @@ echo "== node --test"
 # without closing are reclaimed by garbage collection.
 node --expose-gc --test __test__/
 echo "== bun test"
-# The prefix-cache suite (5 min of real-weight prefill) tests engine-thread behaviour that has no
-# runtime-specific code: it runs once, under Node, to keep CI within its budget.
-node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v prefix-cache.test.js)
+# The prefix-cache suite (5 min of real-weight prefill) and the server load test (64 clients of a
+# server process) test Rust behaviour with no runtime-specific code: they run once, under Node,
+# to keep CI within its budget.
+node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e prefix-cache.test.js -e server-load.test.js)
