@@ -11,7 +11,7 @@ const path = require('node:path')
 const { default: OpenAI, APIUserAbortError } = require('openai')
 const { default: Anthropic } = require('@anthropic-ai/sdk')
 const mlx = require('..')
-const { ROOT, fixture } = require('./helpers')
+const { ROOT, fixture, tmpdir } = require('./helpers')
 
 const MODEL = 'smollm2-f32'
 const QUESTION = [{ role: 'user', content: 'What is the capital of France?' }]
@@ -335,6 +335,33 @@ describe('tool calls (SmolLM2 with a ChatML tools template)', () => {
 })
 
 describe('createServer in the addon', () => {
+  test("sampling precedence: the request, then the server's default, then generation_config.json", async () => {
+    const fs = require('node:fs')
+    const dir = tmpdir('gen-config')
+    for (const f of fs.readdirSync(fixture(MODEL))) fs.symlinkSync(path.join(fixture(MODEL), f), path.join(dir, f))
+    fs.writeFileSync(path.join(dir, 'generation_config.json'), JSON.stringify({ temperature: 0 }))
+    const model = await mlx.loadModel(fixture(MODEL))
+    const tok = mlx.loadTokenizer(fixture(MODEL))
+    const ids = []
+    for await (const t of mlx.generate(model, tok.encode(mlx.ChatTemplate.load(fixture(MODEL)).render(QUESTION), false), { maxTokens: 8, temperature: 0 })) ids.push(t.token)
+    model.dispose()
+    const greedy = tok.decode(ids)
+    const ask = async (server, extra = {}) => (await post(`${server.url}/v1/chat/completions`, { model: MODEL, messages: QUESTION, max_tokens: 8, ...extra })).json.choices[0].message.content
+    const byConfig = mlx.createServer(mlx.loadContext(dir, MODEL), 0, { log: 'off' })
+    const byFlag = mlx.createServer(mlx.loadContext(fixture(MODEL)), 0, { log: 'off', defaultTemperature: 0 })
+    const hot = mlx.createServer(mlx.loadContext(dir, MODEL), 0, { log: 'off', defaultTemperature: 2, defaultTopK: 50 })
+    try {
+      assert.equal(await ask(byConfig), greedy, 'generation_config.json: temperature 0')
+      assert.equal(await ask(byFlag), greedy, 'the server default: temperature 0')
+      assert.equal(await ask(hot, { temperature: 0 }), greedy, 'the request wins over the server default')
+      const [a, b] = [await ask(hot, { seed: 3 }), await ask(hot, { seed: 3 })]
+      assert.equal(a, b, 'the same seed samples the same tokens')
+      assert.notEqual(a, greedy, 'the server default (temperature 2) wins over generation_config.json')
+    } finally {
+      await Promise.all([byConfig.close(), byFlag.close(), hot.close()])
+    }
+  })
+
   test('keys, admission, body limit and close', async () => {
     const ctx = mlx.loadContext(fixture(MODEL), 'smol')
     await ctx.ready
