@@ -362,6 +362,23 @@ describe('createServer in the addon', () => {
     }
   })
 
+  test('CORS only for the origins listed', async () => {
+    const ctx = mlx.loadContext(fixture(MODEL))
+    const open = mlx.createServer(ctx, 0, { log: 'off', corsOrigins: ['http://app.local'] })
+    const closed = mlx.createServer(ctx, 0, { log: 'off' })
+    const preflight = (s, origin) =>
+      fetch(`${s.url}/v1/chat/completions`, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type,anthropic-version' } })
+    try {
+      const ok = await preflight(open, 'http://app.local')
+      assert.equal(ok.headers.get('access-control-allow-origin'), 'http://app.local')
+      assert.match(ok.headers.get('access-control-allow-headers'), /\*|anthropic-version/)
+      assert.equal((await preflight(open, 'http://evil.example')).headers.get('access-control-allow-origin'), null)
+      assert.equal((await preflight(closed, 'http://app.local')).headers.get('access-control-allow-origin'), null)
+    } finally {
+      await Promise.all([open.close(), closed.close()])
+    }
+  })
+
   test('keys, admission, body limit and close', async () => {
     const ctx = mlx.loadContext(fixture(MODEL), 'smol')
     await ctx.ready

@@ -95,10 +95,13 @@ impl Run {
                 match self.session.next_batch().await? {
                     Some(batch) => self.events.extend(batch),
                     None => {
-                        let text = self.decoder.finish()?;
-                        let mut text = self.stop.push(&text).text;
-                        text += &self.stop.finish();
-                        self.end = Some(None);
+                        let tail = self.decoder.finish()?;
+                        let matched = self.stop.push(&tail);
+                        let mut text = matched.text;
+                        if matched.stop.is_none() {
+                            text += &self.stop.finish();
+                        }
+                        self.end = Some(matched.stop);
                         if !text.is_empty() {
                             return Ok(Chunk::Piece(Piece { text, tokens: Vec::new() }));
                         }

@@ -129,7 +129,8 @@ fn router(app: Arc<App>) -> Router {
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
                 .allow_methods([Method::GET, Method::POST])
-                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, "x-api-key".parse().expect("a valid header name")]),
+                // Browser SDKs send their own headers (`anthropic-version`, `x-stainless-*`).
+                .allow_headers(tower_http::cors::Any),
         );
     }
     router.with_state(app)
