@@ -251,6 +251,8 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
     assert.deepEqual(await (await fetch(`${server.url}/health`)).json(), { status: 'ok', model: MODEL })
     const list = await openai.models.list()
     assert.deepEqual(list.data.map((m) => m.id), [MODEL])
+    assert.equal((await openai.models.retrieve(MODEL)).id, MODEL)
+    await assert.rejects(openai.models.retrieve('gpt-4'), (e) => e.status === 404)
   })
 })
 

@@ -117,6 +117,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
         .route("/health", get(health))
         .route("/stats", get(stats))
         .fallback(not_found)

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -353,8 +353,18 @@ pub async fn completions(State(app): State<Arc<App>>, log: LogSlot, bytes: body:
     }))
 }
 
+fn model_entry(app: &App) -> Json_ {
+    json!({"id": app.ctx.id, "object": "model", "created": app.ctx.created, "owned_by": "mlx-bun"})
+}
+
 pub async fn models(State(app): State<Arc<App>>) -> Json<Json_> {
-    Json(json!({"object": "list", "data": [{"id": app.ctx.id, "object": "model", "created": app.ctx.created, "owned_by": "mlx-bun"}]}))
+    Json(json!({"object": "list", "data": [model_entry(&app)]}))
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Json_>, ApiError> {
+    check_model(&app, &id)?;
+    Ok(Json(model_entry(&app)))
 }
 
 fn finish(s: &Summary) -> &'static str {
