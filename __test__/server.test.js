@@ -320,6 +320,33 @@ describe('tool calls (SmolLM2 with a ChatML tools template)', () => {
     assert.equal(r.usage.prompt_tokens, prompt(back).length)
   })
 
+  test('anthropic tool use: tool_use blocks out, tool_result blocks back in', async () => {
+    const anthropic = new Anthropic({ baseURL: s.url, apiKey: 'unused' })
+    const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }))
+    const use = (id, city) => ({ type: 'tool_use', id, name: 'get_weather', input: { city } })
+    const ask = [
+      { role: 'user', content: 'What is the weather in Paris?' },
+      { role: 'assistant', content: [use('toolu_0', 'Paris')] },
+      { role: 'user', content: [{ type: 'text', text: 'What is the weather in London?' }] },
+    ]
+    const written = JSON.parse(/<tool_call>(.*)<\/tool_call>/s.exec(await raw(asking, 30))[1])
+    const r = await anthropic.messages.create({ model: MODEL, max_tokens: 30, temperature: 0, tools: atools, messages: ask })
+    assert.equal(r.stop_reason, 'tool_use')
+    const calls = r.content.filter((b) => b.type === 'tool_use')
+    assert.deepEqual(calls.map((b) => [b.name, b.input]), [[written.name, written.arguments]])
+    const streamed = await anthropic.messages.stream({ model: MODEL, max_tokens: 30, temperature: 0, tools: atools, messages: ask }).finalMessage()
+    assert.equal(streamed.stop_reason, 'tool_use')
+    assert.deepEqual(streamed.content.filter((b) => b.type === 'tool_use').map((b) => [b.name, b.input]), [[written.name, written.arguments]])
+    const back = [
+      ...ask,
+      { role: 'assistant', content: [use('toolu_1', 'London')] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'rainy, 12 C' }] },
+    ]
+    const answer = await anthropic.messages.create({ model: MODEL, max_tokens: 12, temperature: 0, tools: atools, messages: back })
+    const same = [...asking, { role: 'assistant', content: null, tool_calls: [call('call_1', 'London')] }, { role: 'tool', tool_call_id: 'call_1', content: 'rainy, 12 C' }]
+    assert.equal(answer.content[0].text, await raw(same, 12))
+  })
+
   test("tools are refused where the template has no tool format, and tool_choice beyond 'auto'/'none'", async () => {
     const plain = mlx.loadContext(fixture(MODEL))
     const p = mlx.createServer(plain, 0, { log: 'off' })

@@ -13,6 +13,7 @@ mod generation;
 mod log;
 mod openai;
 mod params;
+mod prompt;
 mod stop;
 
 use std::net::SocketAddr;

@@ -10,16 +10,16 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value as Json_};
 
-use super::channels::{thinks, Channels, Split, ToolCall, ToolFormat};
+use super::channels::{Split, ToolCall};
 use super::error::ApiError;
 use super::generation::{Chunk, Piece, Run, Summary};
 use super::params::{Sampling, Stop};
+use super::prompt::{chat_prompt, ChatPrompt};
 use super::app::{check_model, request_id, sse, App};
 use super::body;
 use super::log::LogSlot;
 use crate::engine::FinishReason;
 use crate::sample::logprobs::TokenLogprobs;
-use crate::tokenizer::template::RenderOptions;
 use crate::tokenizer::Tokenizer;
 
 /// mlx-bun's default `max_tokens` for chat completions (`defaultMaxTokens`).
@@ -97,57 +97,6 @@ struct CompletionRequest {
     suffix: Option<String>,
 }
 
-/// The text of a message's `content`: a string, or the text parts of a list (joined, as
-/// mlx-lm's server does); anything else (images, audio) is refused.
-pub fn text_content(content: &Json_, param: &str) -> Result<String, ApiError> {
-    match content {
-        Json_::Null => Ok(String::new()),
-        Json_::String(s) => Ok(s.clone()),
-        Json_::Array(parts) => parts
-            .iter()
-            .map(|p| match (p.get("type").and_then(Json_::as_str), p.get("text").and_then(Json_::as_str)) {
-                (Some("text"), Some(t)) => Ok(t),
-                (Some(other), _) if other != "text" => Err(ApiError::unsupported(&format!("{param}[].type={other}"), "only text content is served")),
-                _ => Err(ApiError::param(param, "each part must be {type: \"text\", text}")),
-            })
-            .collect(),
-        _ => Err(ApiError::param(param, "must be a string or a list of content parts")),
-    }
-}
-
-/// Messages as the chat template takes them: roles checked, content flattened to text, other
-/// keys passed through (as transformers passes them).
-fn template_messages(messages: Vec<Json_>) -> Result<Json_, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::param("messages", "must not be empty"));
-    }
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.into_iter().enumerate() {
-        let Json_::Object(mut m) = m else { return Err(ApiError::param(&format!("messages[{i}]"), "must be an object")) };
-        let role = match m.get("role").and_then(Json_::as_str) {
-            Some("developer") => "system".to_string(),
-            Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
-            Some(r) => return Err(ApiError::param(&format!("messages[{i}].role"), format!("unknown role '{r}'"))),
-            None => return Err(ApiError::param(&format!("messages[{i}].role"), "is required")),
-        };
-        // Templates write a call's arguments with `tojson`: they take the object, not its text.
-        if let Some(Json_::Array(calls)) = m.get_mut("tool_calls") {
-            for call in calls {
-                if let Some(args) = call.pointer_mut("/function/arguments") {
-                    if let Some(parsed) = args.as_str().and_then(|a| serde_json::from_str::<Json_>(a).ok()) {
-                        *args = parsed;
-                    }
-                }
-            }
-        }
-        let content = text_content(m.get("content").unwrap_or(&Json_::Null), &format!("messages[{i}].content"))?;
-        m.insert("role".into(), role.into());
-        m.insert("content".into(), content.into());
-        out.push(Json_::Object(m));
-    }
-    Ok(Json_::Array(out))
-}
-
 fn refuse(present: bool, param: &str, why: &str) -> Result<(), ApiError> {
     if present {
         Err(ApiError::unsupported(param, why))
@@ -169,20 +118,12 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     one_choice(r.n)?;
     refuse(r.response_format.is_some(), "response_format", "grammar-constrained decoding is not served yet")?;
     let ctx = &app.ctx;
-    let template = ctx.template.as_ref().ok_or_else(|| ApiError::bad_request(format!("{} has no chat template; use /v1/completions", ctx.id)))?;
     let tools = match r.tool_choice.as_ref().map(|c| c.as_str()) {
-        None | Some(Some("auto")) => r.tools.filter(|t| !t.is_empty()),
+        None | Some(Some("auto")) => r.tools,
         Some(Some("none")) => None,
         Some(_) => return Err(ApiError::unsupported("tool_choice", "only 'auto' and 'none' are served (forcing a call needs constrained decoding)")),
     };
-    let format = match &tools {
-        None => None,
-        Some(_) => Some(ToolFormat::detect(template.source()).ok_or_else(|| ApiError::unsupported("tools", &format!("the chat template of {} renders no tools", ctx.id)))?),
-    };
-    let render = RenderOptions { tools: tools.map(Json_::Array), extra: r.chat_template_kwargs.unwrap_or_default(), ..Default::default() };
-    let text = template.render(&template_messages(r.messages)?, &render)?;
-    let prompt = ctx.tokenizer.encode(&text, false)?;
-    let mut channels = Channels::new(format, thinks(template.source()), text.trim_end().ends_with("<think>"));
+    let ChatPrompt { ids: prompt, mut channels } = chat_prompt(ctx, r.messages, tools, r.chat_template_kwargs.unwrap_or_default())?;
     let sampling = Sampling {
         max_tokens: r.max_completion_tokens.or(r.max_tokens),
         temperature: r.temperature,
