@@ -135,11 +135,7 @@ async fn handle(app: Arc<App>, log: LogSlot, bytes: body::Body) -> Result<Respon
     if !r.stream.unwrap_or(false) {
         let (all, summary) = run.collect().await?;
         log.finish(&summary);
-        let mut split = channels.push(&all.text);
-        let rest = channels.finish();
-        split.content += &rest.content;
-        split.reasoning += &rest.reasoning;
-        split.calls.extend(rest.calls);
+        let split = channels.whole(&all.text);
         let mut content = Vec::new();
         if !split.reasoning.is_empty() {
             content.push(json!({"type": "thinking", "thinking": split.reasoning, "signature": ""}));

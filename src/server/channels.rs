@@ -56,6 +56,15 @@ pub struct Split {
     pub calls: Vec<ToolCall>,
 }
 
+impl Split {
+    /// Adds what a later piece of the same text gave.
+    pub fn append(&mut self, later: Split) {
+        self.content += &later.content;
+        self.reasoning += &later.reasoning;
+        self.calls.extend(later.calls);
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
     Content,
@@ -155,6 +164,13 @@ impl Channels {
         }
     }
 
+    /// A whole answer at once: `push` then `finish`.
+    pub fn whole(mut self, text: &str) -> Split {
+        let mut split = self.push(text);
+        split.append(self.finish());
+        split
+    }
+
     /// The output ended: whatever is held goes to its channel (an unfinished or unparsable
     /// call as text, so nothing the model wrote is lost).
     pub fn finish(&mut self) -> Split {
@@ -217,13 +233,10 @@ mod tests {
     /// Feeds `pieces` one by one and sums what each channel got.
     fn run(c: &mut Channels, pieces: &[&str]) -> Split {
         let mut all = Split::default();
-        let mut parts: Vec<Split> = pieces.iter().map(|p| c.push(p)).collect();
-        parts.push(c.finish());
-        for p in parts {
-            all.content += &p.content;
-            all.reasoning += &p.reasoning;
-            all.calls.extend(p.calls);
+        for p in pieces {
+            all.append(c.push(p));
         }
+        all.append(c.finish());
         all
     }
 

@@ -147,11 +147,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     if !r.stream.unwrap_or(false) {
         let (all, summary) = run.collect().await?;
         log.finish(&summary);
-        let mut split = channels.push(&all.text);
-        let rest = channels.finish();
-        split.content += &rest.content;
-        split.reasoning += &rest.reasoning;
-        split.calls.extend(rest.calls);
+        let split = channels.whole(&all.text);
         // With calls and no words, OpenAI's `content` is null.
         let content = if split.calls.is_empty() || !split.content.trim().is_empty() { Json_::from(split.content) } else { Json_::Null };
         let mut message = json!({"role": "assistant", "content": content});
