@@ -469,7 +469,7 @@ function generate(model, promptTokens, options = {}) {
 }
 
 /**
- * `model.ready`: resolves once the engine thread has built the model, rejects with the load's
+ * `model.ready` (and a server context's): resolves once the engine thread has built the model, rejects with the load's
  * typed error (every use of a model whose load failed fails with that error too). Marked handled,
  * so a caller who never awaits it gets no unhandled rejection.
  */
@@ -522,11 +522,7 @@ function loadContext(dir, id, options) {
   if (chatTemplate instanceof native.ChatTemplate) source = chatTemplate.source
   else if (typeof chatTemplate === 'string') source = chatTemplate
   else if (chatTemplate != null) throw coded('INVALID_OPTION', 'chatTemplate: must be a ChatTemplate or a template source string')
-  const ctx = wrap(native.loadContextNative)(dir, id ?? null, load, source)
-  const ready = ctx.loaded()
-  ready.catch(() => {})
-  Object.defineProperty(ctx, 'ready', { value: ready, enumerable: false })
-  return ctx
+  return withReady(wrap(native.loadContextNative)(dir, id ?? null, load, source))
 }
 
 /**
