@@ -14,6 +14,8 @@ export type ErrorCode =
   | 'TOKENIZER_ERROR'
   | 'TEMPLATE_ERROR'
   | 'DOWNLOAD_FAILED'
+  | 'CHECKSUM_MISMATCH'
+  | 'AMBIGUOUS_MODEL'
   | 'ENGINE_CLOSED'
   | 'ENGINE_DEAD'
   | 'INTERNAL_ERROR'
@@ -28,9 +30,51 @@ export type ErrorCode =
   | 'METHOD_PROTOCOL'
   | 'CANCELLED'
   | 'AGGREGATE_ERROR'
+  | 'NATIVE_RUNTIME_MISSING'
 
 export interface MlxBunError extends Error {
   code: ErrorCode
+}
+
+/** mlx-bun's `TextConfig`: the parsed sizes, with mlx-lm's defaults where config.json is silent. */
+export interface TextConfig {
+  hiddenSize: number
+  numHiddenLayers: number
+  numAttentionHeads: number
+  numKeyValueHeads: number
+  headDim: number
+  numGlobalKeyValueHeads: number
+  globalHeadDim: number
+  attentionKEqV: boolean
+  intermediateSize: number
+  hiddenActivation: string
+  rmsNormEps: number
+  vocabSize: number
+  maxPositionEmbeddings: number | null
+  /** 0 when the model has no sliding-window layers. */
+  slidingWindow: number
+  /** `'sliding_attention'` | `'full_attention'` per layer, when the config lists them. */
+  layerTypes: string[]
+  hiddenSizePerLayerInput: number
+  vocabSizePerLayerInput: number
+  numKvSharedLayers: number
+  enableMoeBlock: boolean
+  numExperts: number
+  topKExperts: number
+  moeIntermediateSize: number
+  /** By attention kind (`full_attention`, `sliding_attention`). */
+  ropeParameters: Record<string, { ropeTheta: number; ropeType: string; partialRotaryFactor: number; factor: number }>
+  finalLogitSoftcapping: number | null
+  tieWordEmbeddings: boolean
+  bosTokenId: number | null
+  eosTokenId: number | number[] | null
+}
+
+/** One layer's KV-cache quantization (`kv_config.json`). */
+export interface KvQuantSpec {
+  layerIdx: number
+  bits: number
+  groupSize: number
 }
 
 /** What `loadModelConfig` returns (Rust: `model::config::ModelConfig`). */
@@ -39,8 +83,8 @@ export interface ModelConfigInfo {
   modelDir: string
   modelType: string
   architectures: string[]
-  /** `text_config` of multimodal checkpoints, else null. */
-  text: Record<string, unknown> | null
+  /** The language model's sizes under mlx-bun's names (from `text_config` for multimodal checkpoints). */
+  text: TextConfig
   /** `torch_dtype` of the checkpoint, when it says. */
   dtype: string | null
   vocabSize: number
@@ -50,8 +94,10 @@ export interface ModelConfigInfo {
     /** Per-module overrides; `false` = that module is not quantized. */
     perLayer: Record<string, { bits: number; groupSize: number } | false>
   } | null
-  kvQuant: null
-  hasVisionSidecar: false
+  /** Per-layer KV-cache quantization from `kv_config.json`, `null` without one. */
+  kvQuant: KvQuantSpec[] | null
+  /** Whether the folder has a vision encoder beside the language model (`optiq_vision.safetensors`). */
+  hasVisionSidecar: boolean
   eosTokenIds: number[]
   /** The full config.json (for GGUF: the equivalent built from its metadata). */
   raw: Record<string, unknown>
@@ -121,69 +167,7 @@ export function saveKvCache(cache: KvCache, path: string): Promise<void>
  */
 export function loadKvCache(model: Model, path: string): Promise<KvCache>
 
-/** A model to serve over HTTP (mlx-bun's `ServerContext`): its tokenizer, chat template and the sampling defaults of its `generation_config.json`. */
-export interface ServerContext {
-  /** The name clients send as `model` (default: the folder's or file's name). */
-  readonly id: string
-  /** Resolves once the weights are loaded on the engine thread; rejects with the load's typed error. Requests wait behind the load. */
-  readonly ready: Promise<void>
-}
-
-export interface ContextOptions extends LoadOptions {
-  /** A chat template used instead of the model's own (a `ChatTemplate` or its source). */
-  chatTemplate?: ChatTemplate | string
-}
-
-/**
- * `loadContext(dir, id?, options?)`: returns at once; the model loads on the engine thread.
- * `memoryBudgetBytes` (mlx-bun's) throws `UNSUPPORTED_OPTION` until `fit()` exists.
- */
-export function loadContext(dir: string, id?: string, options?: ContextOptions): ServerContext
-export function loadContext(dir: string, options?: ContextOptions): ServerContext
-
-export interface ServerOptions {
-  /** Default `'127.0.0.1'`: only this machine can connect. */
-  host?: string
-  /** Required as `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but `/health`. */
-  apiKey?: string
-  /** Origins allowed by CORS; none (the default) sends no CORS headers. */
-  corsOrigins?: string[]
-  /** `max_tokens` when a request has none; unset: 65536 for chat and messages, 512 for `/v1/completions`. */
-  defaultMaxTokens?: number
-  /** Sampling when a request names none: request, then these, then `generation_config.json`, then temperature 0.7 (top-p and top-k off). */
-  defaultTemperature?: number
-  defaultTopP?: number
-  defaultTopK?: number
-  /** Bytes of KV caches kept for prompts that start the same way (multi-turn chats); default 2e9, 0 disables. */
-  promptCacheBytes?: number
-  /** Requests decoded together in one continuous batch; default 8 (mlx-bun: 1). */
-  batch?: number
-  /** Requests that may wait for a batch slot; beyond them the answer is `429` with `Retry-After`. Default 64. */
-  maxQueued?: number
-  /** Largest request body in bytes (`413` above it); default 32 MiB. */
-  bodyLimit?: number
-  /** One line per request on stderr: `'text'` (default), `'json'` or `'off'`. */
-  log?: 'text' | 'json' | 'off'
-  /** How long `close()` lets in-flight requests finish before it cancels them; default 10 000. */
-  shutdownGraceMs?: number
-}
-
-/** A running HTTP server. Like `Bun.serve`'s, it keeps the process alive until `close()`. */
-export interface HttpServer {
-  /** `http://host:port`. */
-  readonly url: string
-  readonly port: number
-  /** Stops accepting, lets in-flight requests finish within `shutdownGraceMs`, cancels the rest; resolves once the server is down. */
-  close(): Promise<void>
-}
-
-/**
- * `createServer(ctx, port, options?)`: OpenAI's `POST /v1/chat/completions` and
- * `POST /v1/completions`, Anthropic's `POST /v1/messages`, `GET /v1/models`, `/health` and
- * `/stats`, on `port` (0: a free one), the same server as `mlx-bun serve`. mlx-bun's `kvQuant`,
- * `memoryBudgetBytes`, `defaultThinking`, `defaultAdapter` and `hlg` throw `UNSUPPORTED_OPTION`.
- */
-export function createServer(ctx: ServerContext, port: number, options?: ServerOptions): HttpServer
+export * from './types/server'
 
 /** How a model is built (Rust: `napi::model::LoadOptions`). */
 export interface LoadOptions {
@@ -288,6 +272,7 @@ export type FinishReason = 'stop' | 'length' | 'cancelled'
 
 /** Iterate once with `for await`; `stats` is set when it ends, also after `break`. */
 export class Generation implements AsyncIterable<GeneratedToken> {
+  private constructor()
   stats: GenerateStats | undefined
   finishReason: FinishReason | undefined
   cancel(): void
@@ -297,180 +282,7 @@ export class Generation implements AsyncIterable<GeneratedToken> {
 /** Streams tokens for `promptTokens`; throws `INVALID_OPTION` / `INVALID_PROMPT` synchronously. */
 export function generate(model: Model, promptTokens: ArrayLike<number>, options?: GenerateOptions): Generation
 
-/** Engine limits (Rust: `engine::EngineOptions`); each must be a positive safe integer (`prefixCacheBytes`: ≥ 0). */
-export interface EngineOptions {
-  /** A stream session whose consumer does not call `next()` for this long is cancelled (`consumer_idle`). Default 30000. */
-  idleTimeoutMs?: number
-  /** Events a stream session buffers before its producer waits. Default 32. */
-  maxQueuedEvents?: number
-  /** Tokens a stream session buffers before its producer waits; commits are split into chunks of at most this. Default 256. */
-  maxQueuedTokens?: number
-  /** Most alternatives per token a session delivers. Default 20. */
-  maxTopLogprobs?: number
-  /** Output tokens all collect sessions of the engine may reserve together. Default 65536. */
-  maxCollectTokens?: number
-  /** Sessions that run at once; the rest wait in FIFO order. Default 8. */
-  maxActive?: number
-  /** Open sessions beyond `maxActive` before `open` throws `ADMISSION_REJECTED`. Default 64. */
-  maxQueued?: number
-  /** Tokens one scheduler iteration processes when new prompts prefill while other sessions decode; the running sessions' tokens are reserved first, prompt chunks fill the rest. Prompts up to this long count as short: several arriving together are admitted as one burst. Default 512. */
-  maxIterationTokens?: number
-  /** Prompt tokens prefilled together in one chunk when no session is decoding; a burst of short prompts is admitted while their total stays within it. Default 2048. */
-  maxPreparationTokens?: number
-  /**
-   * Bytes of KV caches the engine keeps from finished sessions, so that a prompt starting with
-   * tokens already seen (a chat's next turn, a shared system prompt) prefills only the rest; the
-   * least recently used go first. Sessions running side by side with a common prefix of 64+
-   * tokens also prefill it once. Outputs are those of a cold run (greedy tokens equal). 0
-   * disables both. Default 2e9 (mlx-bun's server `promptCacheBytes`). `generate()` keeps none.
-   */
-  prefixCacheBytes?: number
-  /** Tokenizer for `messages` requests. Default: the one beside the model. */
-  tokenizer?: Tokenizer
-  /** Chat template for `messages` requests. Default: the model's own. */
-  chatTemplate?: ChatTemplate
-}
-
-/** One generation request: `promptTokens` or chat `messages`, plus every generate option. */
-export interface GenerationRequest extends Omit<GenerateOptions, 'signal'> {
-  promptTokens?: ArrayLike<number>
-  /** Rendered with the engine's chat template (generation prompt added) and tokenized without special tokens. */
-  messages?: ChatMessage[]
-  /** Passed to the chat template with `messages`. */
-  chat?: { tools?: unknown[] | null; enableThinking?: boolean; extra?: Record<string, unknown> }
-  /** Prefix-cache namespace: a prompt only reuses caches of requests with the same one. Default ''. */
-  cacheNamespace?: string
-  /** The caller's conversation id: the cache this conversation left last is preferred over a longer prefix of another. */
-  sessionId?: string
-}
-
-/** How a session delivers its tokens (Rust: `engine::session::OutputMode`). */
-export interface RunControl {
-  /**
-   * `stream` (default): iterate `session.events`; starts on the first `next()`.
-   * `collect`: starts at once; tokens arrive in `result.output`; logprobs are not allowed.
-   * `callback`: starts at once; `onTokens` receives each batch of committed tokens, is awaited, and ends output by returning `false`.
-   */
-  output?: 'stream' | 'collect' | 'callback'
-  onTokens?: (tokenIds: number[], logprobs?: TokenLogprobs[]) => void | boolean | Promise<void | boolean>
-  /** Aborting cancels the session with reason `requested`. */
-  signal?: AbortSignal
-}
-
-export interface TokenLogprobs {
-  logprob: number
-  top?: { id: number; logprob: number }[]
-}
-
-export type CancelReason = 'requested' | 'consumer_closed' | 'consumer_idle' | 'engine_closed'
-export type SessionState = 'created' | 'preparing' | 'running' | 'settling' | 'terminal'
-
-export type GenerationEvent =
-  /** `sequence` counts committed events from 0; arrays are copies the consumer owns. */
-  | { type: 'committed'; sequence: number; tokenIds: number[]; logprobs?: TokenLogprobs[] }
-  /** Prompt processing: `completed` of `total` prompt tokens. */
-  | { type: 'progress'; completed: number; total?: number }
-
-interface OutcomeCommon {
-  /** Tokens committed to the consumer. */
-  committedTokens: number
-  /** Collect mode: the committed tokens. */
-  output?: Uint32Array
-  /** Timings so far (also for cancelled and failed sessions of a model). */
-  metrics?: GenerateStats
-}
-
-/** How a session ended (Rust: `engine::session::Outcome`); precedence cancelled > failed > completed. */
-export type GenerationOutcome =
-  | (OutcomeCommon & { status: 'completed'; result: { finishReason: 'stop' | 'length'; metrics: GenerateStats } })
-  | (OutcomeCommon & { status: 'cancelled'; reason: CancelReason })
-  | (OutcomeCommon & {
-      status: 'failed'
-      error: {
-        /** `cleanup_failed` when releasing the run failed (then `cleanupError` says why). */
-        code: 'execution_failed' | 'cleanup_failed'
-        message: string
-        cleanupError?: string
-        /** The typed code of the underlying error, when it had one. */
-        cause?: ErrorCode
-      }
-    })
-
-/** One generation (Rust: `engine::session::Session`). */
-export interface GenerationSession {
-  readonly id: string
-  readonly state: SessionState
-  /** Stream sessions only: one consumer; `next()` calls must not overlap; `return()` closes the session. */
-  readonly events: AsyncIterable<GenerationEvent>
-  readonly result: Promise<GenerationOutcome>
-  /** Drops queued events and stops the session; resolves after `result`. */
-  cancel(reason?: CancelReason): Promise<void>
-  /** `cancel('consumer_closed')`. */
-  close(): Promise<void>
-}
-
-export interface EngineStats {
-  /** Sessions not yet terminal. */
-  liveSessions: number
-  /** Sessions holding an execution lease. */
-  running: number
-  /** Output tokens reserved by collect sessions. */
-  reservedCollectTokens: number
-  /** The prefix cache since the engine was created; `bytes` and `entries` are current. */
-  prefixCache: {
-    hits: number
-    misses: number
-    /** Prompt tokens the hits did not prefill. */
-    hitTokens: number
-    evictions: number
-    /** Sessions that started from a prefix another running session prefilled, and those tokens. */
-    sharedPrefills: number
-    sharedTokens: number
-    bytes: number
-    entries: number
-  }
-}
-
-/** mlx-bun's `InferenceEngine` over one model. */
-export interface InferenceEngine {
-  /** Throws `ENGINE_CLOSED` after `close()`, `ADMISSION_REJECTED` when full, `INVALID_OPTION` / `INVALID_PROMPT` for bad input. */
-  open(request: GenerationRequest, control?: RunControl): GenerationSession
-  /** Cancels every session with `engine_closed`; resolves when all are terminal. */
-  close(): Promise<void>
-  readonly closed: boolean
-  readonly stats: EngineStats
-  /** What this engine can do, in `resolveExecution`'s terms: every request's placement (its lane, and whether it uses the prefix cache) is resolved against it. An extension of mlx-bun. */
-  readonly capabilities: ExecutionCapabilities
-}
-
-export function createEngine(model: Model, options?: EngineOptions): InferenceEngine
-
-/** One step of a scripted method (`testing.createScriptedEngine`). */
-export interface ScriptStep {
-  commit?: number[]
-  logprobs?: TokenLogprobs[]
-  progress?: { completed: number; total?: number }
-  /** The method fails with this message. */
-  fail?: string
-  /** The method panics with this message: a bug inside the engine, which fails this session alone with `INTERNAL_ERROR`. */
-  panic?: string
-  /** Runs this step this many times. Default 1. */
-  repeat?: number
-}
-
-/** Session-contract testing: an engine whose method replays a script instead of a model. */
-export const testing: {
-  createScriptedEngine(
-    script: { steps: ScriptStep[]; outputTokenLimit?: number; finishReason?: 'stop' | 'length'; cleanupError?: string },
-    options?: EngineOptions,
-  ): InferenceEngine
-  /** Sessions alive across all engines (for leak checks). */
-  liveSessions(): number
-  /** Units that advanced several sessions in one graph since the process started: decode steps (`steps`, with the session steps inside them, `rows`) and prefill chunks (`prefillSteps`, `prefillRows`). */
-  batchCounts(): { steps: number; rows: number; prefillSteps: number; prefillRows: number }
-  /** Panics inside a synchronous binding: throws `INTERNAL_ERROR`, the process lives on. */
-  panicInBinding(message: string): never
-}
+export * from './types/sessions'
 
 /** Rust: `tokenizer::Tokenizer` (HF `tokenizers`). */
 export class Tokenizer {
@@ -506,13 +318,17 @@ export interface ChatMessage {
 /** The model's own Jinja chat template, rendered with minijinja (Rust: `tokenizer::ChatTemplate`). */
 export class ChatTemplate {
   /** From tokenizer_config.json / chat_template.jinja / GGUF metadata; `null` if the model has none. */
-  static load(path: string): ChatTemplate | null
+  static load(path: string, options?: { disableThinking?: boolean }): ChatTemplate | null
   static fromString(source: string, bosToken?: string, eosToken?: string): ChatTemplate
   render(
     messages: ChatMessage[],
     options?: { addGenerationPrompt?: boolean; tools?: unknown[] | null; enableThinking?: boolean; extra?: Record<string, unknown> },
   ): string
   readonly source: string
+  /** The reasoning switch `enableThinking` drives: `<think>` tags, Gemma's channel tokens, or none. */
+  readonly thinkingFormat: 'think-tag' | 'gemma-channel' | null
+  /** `thinkingFormat !== null`. */
+  readonly supportsThinking: boolean
 }
 
 /**
@@ -530,77 +346,37 @@ export function convert(
   options?: { dtype?: 'f32' | 'f16' | 'bf16'; qBits?: number; qGroupSize?: number },
 ): Promise<string>
 
+export * from './types/hub'
+
 /** Runs the `mlx-bun` CLI in-process; resolves with its exit code. */
 export function runCli(args: string[]): Promise<number>
+
+/**
+ * The folder holding the native addon and the MLX runtime beside it: the installed
+ * `@mlx-bun/<platform>` package, or this package's own folder in a build tree; `null` if neither.
+ */
+export function nativeRuntimeDir(): string | null
+
+/** What the MLX runtime runs on (`ensureNativeRuntime`). */
+export interface NativeRuntime {
+  dir: string
+  /** The backend of MLX's default device. */
+  backend: 'cpu' | 'metal' | 'cuda' | 'gpu'
+  /** The device's name as MLX reports it. */
+  device: string
+  /** The loaded libmlx's version. */
+  version: string
+}
+
+/**
+ * Checks that the MLX runtime loads and says what it runs on. (mlx-bun downloads a runtime pack
+ * here; this package ships the runtime in `@mlx-bun/<platform>`, so its download options throw
+ * `UNSUPPORTED_OPTION`.) A missing runtime file fails `require`/`import` of the package itself
+ * with `NATIVE_RUNTIME_MISSING`, naming the file and the package that provides it.
+ */
+export function ensureNativeRuntime(options?: Record<string, never>): Promise<NativeRuntime>
 
 /** Moves a native `"CODE: message"` error's code into `err.code`. */
 export function mapError<E>(e: E): E
 
-/** What one request needs (Rust: `engine::plan::ExecutionRequirements`). */
-export interface ExecutionRequirements {
-  hasVision: boolean
-  hasAdapters: boolean
-  hasRepetitionPenalty: boolean
-  userSeed: boolean
-  kvQuant: boolean
-  turboQuant: boolean
-  hasLogitsExtras: boolean
-  hasGrammar: boolean
-  wantsLogprobs: boolean
-  hasDraft: boolean
-  hasPreparedPrefixIdentity?: boolean
-}
-
-export type ExecutionMethod = 'autoregressive' | 'speculative' | 'denoising'
-
-/** What the executor can do (Rust: `engine::plan::ExecutionCapabilities`); absent flags are false. */
-export interface ExecutionCapabilities {
-  method: 'autoregressive' | 'denoising'
-  continuous: boolean
-  quantizedBatch: boolean
-  grammarBatch: boolean
-  checkpoints: boolean
-  compiledDecode?: boolean
-  speculativeKvQuant?: boolean
-  mediaBatch?: boolean
-  adapterBatch?: boolean
-  turboQuantBatch?: boolean
-  pagedBatch?: boolean
-  /** Default `['autoregressive']`. */
-  groupedMethods?: ExecutionMethod[]
-  sharedSpeculativeAdapters?: boolean
-  speculativeLogprobs?: boolean
-  sharedGrammarProposals?: boolean
-  speculativeTurboQuant?: boolean
-  mediaPrefixCache?: boolean
-  sharedFill?: boolean
-  sharedSpeculativeEcho?: boolean
-  sharedCheckpoints?: boolean
-}
-
-export interface ExecutionFeatures {
-  pagedKv: boolean
-  fill: boolean
-  compiledDecode?: boolean
-  grammarJump?: boolean
-}
-
-export interface ResolvedExecution {
-  readonly method: ExecutionMethod
-  readonly mechanism: 'serial' | 'continuous'
-  readonly pagedKv: boolean
-  readonly promptCache: boolean
-  readonly checkpoint: boolean
-  readonly fill: boolean
-  readonly compiledDecode: boolean
-  readonly grammarJump: boolean
-  /** Why anything fell back, in mlx-bun's fixed order (e.g. `'continuous-unavailable'`). */
-  readonly reasons: readonly string[]
-}
-
-/** mlx-bun 0.5's `resolveExecution`: the method first, then serial or continuous placement. */
-export function resolveExecution(
-  request: ExecutionRequirements,
-  capabilities: ExecutionCapabilities,
-  features?: ExecutionFeatures,
-): ResolvedExecution
+export * from './types/placement'

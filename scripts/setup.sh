@@ -9,7 +9,7 @@ MLX_VERSION=0.32.2   # must equal the MLX release mlx-c 0.7.0 is written against
 
 if [ "$(uname -s)" = Linux ]; then
   need=()
-  for p in libclang1-14 libclang-common-14-dev libopenblas0-pthread; do
+  for p in libclang1-14 libclang-common-14-dev libopenblas0-pthread patchelf; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
@@ -30,7 +30,8 @@ if [ ! -f .mlx/mlx-cpu/mlx/include/mlx/mlx.h ]; then
 fi
 
 cargo fetch --manifest-path crates/mlx-sys/upstream/Cargo.toml -q
-# Installs when any dev dependency is missing (bun, and the HTTP clients the server tests use).
-{ [ -x node_modules/.bin/bun ] && [ -d node_modules/openai ] && [ -d node_modules/@anthropic-ai/sdk ]; } \
+# Installs when any dev dependency of package.json is missing (bun, the HTTP clients the server
+# tests use, TypeScript).
+node -e "for (const d of Object.keys(require('./package.json').devDependencies)) require('fs').statSync('node_modules/' + d + '/package.json')" 2>/dev/null \
   || npm install --no-audit --no-fund --loglevel=error
 bash scripts/build.sh

@@ -15,7 +15,12 @@ echo "== node --test"
 # without closing are reclaimed by garbage collection.
 node --expose-gc --test __test__/
 echo "== bun test"
-# The prefix-cache suite (5 min of real-weight prefill) and the server load test (64 clients of a
-# server process) test Rust behaviour with no runtime-specific code: they run once, under Node,
-# to keep CI within its budget.
-node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e prefix-cache.test.js -e server-load.test.js)
+# Run once, under Node, to keep CI within its budget:
+# - the parity suites (SmolLM2 and Gemma-3-270M against mlx-lm, 6 min of real-weight decoding):
+#   they check numbers the Rust core computes; the JavaScript they pass through (generate()'s
+#   iterator) runs under Bun in the generate and session suites;
+# - the prefix-cache suite (5 min of real-weight prefill) and the server load test (64 clients of
+#   a server process): Rust behaviour with no runtime-specific code;
+# - the package test, which installs the packed tarballs with npm and with bun and runs Bun itself.
+node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e parity.test.js -e gemma.test.js \
+  -e prefix-cache.test.js -e server-load.test.js -e package.test.js)

@@ -6,6 +6,12 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("no model at {0}")]
     ModelNotFound(PathBuf),
+    /// `Registry.resolve` found no model for a query (code `MODEL_NOT_FOUND`).
+    #[error("no model matching \"{0}\" (run a scan, or download it with `mlx-bun get`)")]
+    NoModelMatch(String),
+    /// `Registry.resolve` found several repositories for a query.
+    #[error("\"{query}\" is ambiguous: {}", candidates.join(", "))]
+    AmbiguousModel { query: String, candidates: Vec<String> },
     #[error("{path}: {reason}")]
     InvalidWeights { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
@@ -29,6 +35,9 @@ pub enum Error {
     Template(String),
     #[error("download: {0}")]
     Download(String),
+    /// A downloaded file's size or digest differs from what the hub lists; nothing of it is kept.
+    #[error("download: {file}: {reason}")]
+    Checksum { file: String, reason: String },
     #[error("the engine is closed")]
     EngineClosed,
     /// The engine thread has ended (after a failure it could not contain): nothing more runs.
@@ -82,7 +91,8 @@ impl Error {
     /// The stable, documented code of this error (mirrored in index.d.ts `ErrorCode`).
     pub fn code(&self) -> &'static str {
         match self {
-            Error::ModelNotFound(_) => "MODEL_NOT_FOUND",
+            Error::ModelNotFound(_) | Error::NoModelMatch(_) => "MODEL_NOT_FOUND",
+            Error::AmbiguousModel { .. } => "AMBIGUOUS_MODEL",
             Error::InvalidWeights { .. } => "INVALID_WEIGHTS",
             Error::InvalidConfig { .. } => "INVALID_CONFIG",
             Error::InvalidCacheFile { .. } => "INVALID_CACHE_FILE",
@@ -94,6 +104,7 @@ impl Error {
             Error::Tokenizer(_) => "TOKENIZER_ERROR",
             Error::Template(_) => "TEMPLATE_ERROR",
             Error::Download(_) => "DOWNLOAD_FAILED",
+            Error::Checksum { .. } => "CHECKSUM_MISMATCH",
             Error::EngineClosed => "ENGINE_CLOSED",
             Error::EngineDead => "ENGINE_DEAD",
             Error::Internal(_) => "INTERNAL_ERROR",

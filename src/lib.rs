@@ -3,10 +3,12 @@ pub mod cache;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod hub;
 pub mod mlx;
 pub mod model;
 #[cfg(feature = "node")]
 pub mod napi;
+pub mod progress;
 pub mod pull;
 pub mod sample;
 pub mod server;

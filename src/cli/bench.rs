@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::engine::session::OutputMode;
 use crate::engine::{EngineThread, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::open_source;
 use crate::model::weights::F32Matmuls;
 use crate::sample::GenerateOptions;
@@ -17,7 +17,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let vocab = config.vocab_size as u32;
     let engine = EngineThread::get();
     let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
-    loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
+    super::wait_loaded(path, loaded)?;
     let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();

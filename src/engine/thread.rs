@@ -32,6 +32,7 @@ use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
 use crate::model::{create_model, LanguageModel, StepContext, Tokens};
 use crate::sample::validate_prompt;
+use crate::tokenizer;
 
 /// Produces a model's weights on the engine thread (a GGUF file is converted there).
 pub type WeightsSource = Box<dyn FnOnce() -> Result<Weights> + Send>;
@@ -380,6 +381,10 @@ impl EngineLoop {
                 let models = self.models.clone();
                 models.borrow_mut().insert(id, ModelSlot::Loading);
                 let load = move || {
+                    let mut config = config;
+                    // generate()'s default stop set is the CLI's and the server's: config.json's
+                    // ids, then the tokenizer's own and generation_config.json's.
+                    config.eos_token_ids = tokenizer::model_eos_ids(&config);
                     let built = catch_panic(|| create_model(weights()?, config));
                     let mut slots = models.borrow_mut();
                     // Disposed while it loaded: nothing may keep it.

@@ -29,10 +29,26 @@ pub struct ModelConfig {
     pub tie_word_embeddings: Option<bool>,
     pub attention_bias: bool,
     pub mlp_bias: bool,
+    /// config.json's `eos_token_id`. The engine's copy of a loaded model's config also holds the
+    /// tokenizer's (`tokenizer::model_eos_ids`): `generate()` stops at those by default.
     pub eos_token_ids: Vec<u32>,
     pub torch_dtype: Option<String>,
     pub quantization: Option<Quantization>,
+    /// Per-layer KV-cache quantization from `kv_config.json` beside config.json, if present.
+    pub kv_quant: Option<Vec<KvQuantSpec>>,
+    /// Whether the folder carries a vision encoder beside the language model
+    /// (`optiq_vision.safetensors`, mlx-bun's sidecar).
+    pub has_vision_sidecar: bool,
     pub raw: Value,
+}
+
+/// One entry of `kv_config.json`: how layer `layer_idx`'s KV cache is quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvQuantSpec {
+    pub layer_idx: usize,
+    pub bits: i32,
+    pub group_size: i32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -93,7 +109,10 @@ impl ModelConfig {
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
         let raw: Value =
             serde_json::from_str(&text).map_err(|e| Error::config(&path, e.to_string()))?;
-        Self::from_value(raw, path)
+        let mut cfg = Self::from_value(raw, path)?;
+        cfg.kv_quant = kv_quant(&dir.join("kv_config.json"), cfg.num_hidden_layers)?;
+        cfg.has_vision_sidecar = dir.join("optiq_vision.safetensors").is_file();
+        Ok(cfg)
     }
 
     pub fn from_value(raw: Value, source: PathBuf) -> Result<Self> {
@@ -148,12 +167,32 @@ impl ModelConfig {
             eos_token_ids: token_ids(raw.get("eos_token_id")),
             torch_dtype: raw.get("torch_dtype").and_then(Value::as_str).map(str::to_owned),
             quantization: quantization(&raw, &source)?,
+            kv_quant: None,
+            has_vision_sidecar: false,
             model_type,
             source,
             raw,
         };
         Ok(cfg)
     }
+}
+
+/// Reads `kv_config.json` (a list of `{layer_idx, bits, group_size}`), checking every number
+/// against what MLX's quantized KV cache takes and the model's layer count.
+fn kv_quant(path: &Path, layers: usize) -> Result<Option<Vec<KvQuantSpec>>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let specs: Vec<KvQuantSpec> = serde_json::from_str(&text).map_err(|e| Error::config(path, format!("not a list of {{layer_idx, bits, group_size}}: {e}")))?;
+    for s in &specs {
+        if s.layer_idx >= layers {
+            return Err(Error::config(path, format!("layer_idx {} is not a layer (the model has {layers})", s.layer_idx)));
+        }
+        check_quant(path, &format!("layer {}", s.layer_idx), s.group_size, s.bits)?;
+    }
+    Ok(Some(specs))
 }
 
 /// Reads `eos_token_id`-style fields: an integer or a list of integers.

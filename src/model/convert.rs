@@ -40,14 +40,16 @@ impl ConvertOptions {
     }
 }
 
-/// The converted tensors and the config.json to write with them. MLX work: engine thread only.
-pub fn convert(w: &Weights, cfg: &ModelConfig, o: &ConvertOptions) -> Result<(BTreeMap<String, Tensor>, Value)> {
+/// The converted tensors and the config.json to write with them; `on_tensor` is called as each
+/// source tensor is taken up (for a progress bar). MLX work: engine thread only.
+pub fn convert(w: &Weights, cfg: &ModelConfig, o: &ConvertOptions, on_tensor: &dyn Fn()) -> Result<(BTreeMap<String, Tensor>, Value)> {
     o.validate()?;
     let mut out = BTreeMap::new();
     let mut raw = cfg.raw.clone();
     let keep_quant = o.dtype.is_none() && o.q_bits.is_none();
     let group = o.q_group_size.unwrap_or(64);
     for name in w.names() {
+        on_tensor();
         let base = name.strip_suffix(".weight");
         let quantized = base.is_some_and(|b| w.has(&format!("{b}.scales")));
         if keep_quant {

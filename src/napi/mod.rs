@@ -1,8 +1,10 @@
 //! The JavaScript boundary: conversions between JS values and the Rust core, nothing else.
 //! Errors cross as `"CODE: message"`; index.js turns the prefix into `err.code`.
 mod convert;
+mod hub;
 mod model;
 mod plan;
+mod runtime;
 mod server;
 mod session;
 mod tokenizer;

@@ -147,4 +147,15 @@ impl ChatTemplate {
     pub fn source(&self) -> String {
         self.inner.source().to_owned()
     }
+
+    /// `'think-tag'`, `'gemma-channel'` or `null` (mlx-bun's `thinkingFormat`).
+    #[napi(getter, catch_unwind)]
+    pub fn thinking_format(&self) -> Option<&'static str> {
+        self.inner.thinking_format().map(|f| f.name())
+    }
+
+    #[napi(getter, catch_unwind)]
+    pub fn supports_thinking(&self) -> bool {
+        self.inner.thinking_format().is_some()
+    }
 }

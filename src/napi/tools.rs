@@ -16,7 +16,7 @@ pub async fn run_cli(args: Vec<String>) -> napi::Result<i32> {
 /// Runs blocking work (downloads, waits on the engine) off the JS thread and tokio's workers.
 /// It never touches MLX itself: that stays on the engine thread. A panic in it rejects with
 /// `INTERNAL_ERROR`.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result<T> + Send + 'static) -> napi::Result<T> {
+pub(super) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> crate::error::Result<T> + Send + 'static) -> napi::Result<T> {
     tokio::task::spawn_blocking(|| catch_panic(work))
         .await
         .map_err(|e| js_error(Error::Internal(e.to_string())))?
@@ -68,5 +68,5 @@ pub async fn convert(path: String, out: String, options: Option<ConvertOptionsJs
         Some(other) => return Err(js_error(Error::option("dtype", format!("must be f32, f16 or bf16; got {other}")))),
     };
     let opts = ConvertOptions { dtype, q_bits: o.q_bits, q_group_size: o.q_group_size };
-    blocking(move || crate::cli::convert_model(std::path::Path::new(&path), std::path::Path::new(&out), opts).map(|_| out)).await
+    blocking(move || crate::cli::convert_model(std::path::Path::new(&path), std::path::Path::new(&out), opts, false).map(|_| out)).await
 }

@@ -9,7 +9,6 @@ use tokio::sync::oneshot;
 
 use crate::engine::{EngineThread, ModelId};
 use crate::error::{Error, Result};
-use crate::model::config::ModelConfig;
 use crate::model::open_source;
 use crate::model::weights::F32Matmuls;
 use crate::tokenizer::{load_tokenizer, ChatTemplate, Tokenizer};
@@ -45,22 +44,9 @@ pub struct ServerContext {
     pub created: u64,
 }
 
-/// config.json's end-of-sequence ids, then any the tokenizer adds (generation_config.json,
-/// its own eos token), each once.
-pub fn eos_ids(config: &ModelConfig, tokenizer: &Tokenizer) -> Vec<u32> {
-    let mut eos = config.eos_token_ids.clone();
-    eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
-    eos
-}
+pub use crate::tokenizer::eos_ids;
 
 impl ServerContext {
-    /// Loads the model at `path` (a folder or a .gguf file) and waits until it is ready.
-    pub fn load(path: &Path, options: ContextOptions) -> Result<Self> {
-        let (ctx, loaded) = Self::open(path, options)?;
-        loaded.blocking_recv().map_err(|_| Error::EngineDead)??;
-        Ok(ctx)
-    }
-
     /// Reads the tokenizer and the weights' headers, and queues the model's load on the engine
     /// thread: the context is usable at once (requests wait behind the load, and fail with its
     /// error if it fails); the receiver says how the load ended.

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::{ChatTemplate, Tokenizer};
 use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
 use crate::model::gguf::Gguf;
 
 /// The tokenizer and chat template (if any) of a model folder or `.gguf` file.
@@ -17,6 +18,26 @@ pub fn load_tokenizer(path: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> 
         return Ok((Tokenizer::from_gguf(&g)?, ChatTemplate::from_gguf(&g)?));
     }
     Ok((Tokenizer::from_dir(path)?, ChatTemplate::from_dir(path)?))
+}
+
+/// config.json's end-of-sequence ids, then any the tokenizer adds (generation_config.json,
+/// its own eos token), each once: where generations stop unless a request says otherwise.
+pub fn eos_ids(config: &ModelConfig, tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut eos = config.eos_token_ids.clone();
+    eos.extend(tokenizer.eos_token_ids().iter().filter(|id| !config.eos_token_ids.contains(id)));
+    eos
+}
+
+/// `eos_ids` for a model known by its config alone (`generate()` gets no tokenizer): a folder's
+/// tokenizer is read for it. A GGUF's header already names its tokenizer's eos token, and a
+/// folder without a usable tokenizer keeps config.json's ids (it still runs on token ids;
+/// `loadTokenizer` reports what is wrong with the tokenizer).
+pub fn model_eos_ids(config: &ModelConfig) -> Vec<u32> {
+    let dir = config.model_path();
+    match dir.join("tokenizer.json").is_file().then(|| Tokenizer::from_dir(&dir)) {
+        Some(Ok(tokenizer)) => eos_ids(config, &tokenizer),
+        _ => config.eos_token_ids.clone(),
+    }
 }
 
 impl Tokenizer {

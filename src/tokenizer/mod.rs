@@ -5,7 +5,7 @@ mod files;
 pub mod gguf;
 pub mod template;
 
-pub use files::load_tokenizer;
+pub use files::{eos_ids, load_tokenizer, model_eos_ids};
 pub use template::ChatTemplate;
 
 use std::path::Path;

@@ -45,6 +45,24 @@ impl Default for RenderOptions {
     }
 }
 
+/// How a model's switchable reasoning is marked in its output, as mlx-bun names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingFormat {
+    /// `<think>…</think>` in the text (Qwen3, Qwen3.5, MiniCPM).
+    ThinkTag,
+    /// `<|channel>thought\n…<channel|>` special tokens (Gemma 4).
+    GemmaChannel,
+}
+
+impl ThinkingFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ThinkingFormat::ThinkTag => "think-tag",
+            ThinkingFormat::GemmaChannel => "gemma-channel",
+        }
+    }
+}
+
 /// Instructions one render may run (minijinja's fuel): about a second of work.
 const TEMPLATE_FUEL: u64 = 20_000_000;
 
@@ -117,6 +135,20 @@ impl ChatTemplate {
     /// The Jinja source, as the model ships it.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The reasoning channel the template switches with `enable_thinking`, if any: a template
+    /// that never reads `enable_thinking` has no switch, whatever markers it mentions.
+    pub fn thinking_format(&self) -> Option<ThinkingFormat> {
+        if !self.source.contains("enable_thinking") {
+            None
+        } else if self.source.contains("<think>") {
+            Some(ThinkingFormat::ThinkTag)
+        } else if self.source.contains("<|channel>") {
+            Some(ThinkingFormat::GemmaChannel)
+        } else {
+            None
+        }
     }
 
     /// Renders a conversation: `messages` is a list of `{role, content, ...}` objects, passed
@@ -740,6 +772,18 @@ mod tests {
         assert!(ChatTemplate::from_gguf(&Gguf::open(&file.0).unwrap())
             .unwrap()
             .is_none());
+    }
+
+    /// mlx-bun's rule: a format only where `enable_thinking` switches it.
+    #[test]
+    fn thinking_format_needs_the_switch() {
+        let t = |src: &str| ChatTemplate::new(src, None, None).unwrap().thinking_format();
+        let qwen3 = "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}";
+        assert_eq!(t(qwen3), Some(ThinkingFormat::ThinkTag));
+        assert_eq!(t("{% if enable_thinking %}<|channel>thought{% endif %}"), Some(ThinkingFormat::GemmaChannel));
+        // DeepSeek-R1 style: the model always thinks; nothing to switch.
+        assert_eq!(t("{{ messages[0].content }}<think>\n"), None);
+        assert_eq!(t("{{ messages[0].content }}"), None);
     }
 
     /// The template embedded in SmolLM2, rendered as jinja2 renders it. Set MLX_BUN_TEST_GGUF to

@@ -1,0 +1,66 @@
+// Types of the HTTP server: loadContext, createServer (Rust: src/server).
+import type { ChatTemplate, LoadOptions } from '../index'
+
+/** A model to serve over HTTP (mlx-bun's `ServerContext`): its tokenizer, chat template and the sampling defaults of its `generation_config.json`. */
+export interface ServerContext {
+  /** The name clients send as `model` (default: the folder's or file's name). */
+  readonly id: string
+  /** Resolves once the weights are loaded on the engine thread; rejects with the load's typed error. Requests wait behind the load. */
+  readonly ready: Promise<void>
+}
+
+export interface ContextOptions extends LoadOptions {
+  /** A chat template used instead of the model's own (a `ChatTemplate` or its source). */
+  chatTemplate?: ChatTemplate | string
+}
+
+/**
+ * `loadContext(dir, id?, options?)`: returns at once; the model loads on the engine thread.
+ * `memoryBudgetBytes` (mlx-bun's) throws `UNSUPPORTED_OPTION` until `fit()` exists.
+ */
+export function loadContext(dir: string, id?: string, options?: ContextOptions): ServerContext
+export function loadContext(dir: string, options?: ContextOptions): ServerContext
+
+export interface ServerOptions {
+  /** Default `'127.0.0.1'`: only this machine can connect. */
+  host?: string
+  /** Required as `Authorization: Bearer KEY` or `x-api-key: KEY` on every route but `/health`. */
+  apiKey?: string
+  /** Origins allowed by CORS; none (the default) sends no CORS headers. */
+  corsOrigins?: string[]
+  /** `max_tokens` when a request has none; unset: 65536 for chat and messages, 512 for `/v1/completions`. */
+  defaultMaxTokens?: number
+  /** Sampling when a request names none: request, then these, then `generation_config.json`, then temperature 0.7 (top-p and top-k off). */
+  defaultTemperature?: number
+  defaultTopP?: number
+  defaultTopK?: number
+  /** Bytes of KV caches kept for prompts that start the same way (multi-turn chats); default 2e9, 0 disables. */
+  promptCacheBytes?: number
+  /** Requests decoded together in one continuous batch; default 8 (mlx-bun: 1). */
+  batch?: number
+  /** Requests that may wait for a batch slot; beyond them the answer is `429` with `Retry-After`. Default 64. */
+  maxQueued?: number
+  /** Largest request body in bytes (`413` above it); default 32 MiB. */
+  bodyLimit?: number
+  /** One line per request on stderr: `'text'` (default), `'json'` or `'off'`. */
+  log?: 'text' | 'json' | 'off'
+  /** How long `close()` lets in-flight requests finish before it cancels them; default 10 000. */
+  shutdownGraceMs?: number
+}
+
+/** A running HTTP server. Like `Bun.serve`'s, it keeps the process alive until `close()`. */
+export interface HttpServer {
+  /** `http://host:port`. */
+  readonly url: string
+  readonly port: number
+  /** Stops accepting, lets in-flight requests finish within `shutdownGraceMs`, cancels the rest; resolves once the server is down. */
+  close(): Promise<void>
+}
+
+/**
+ * `createServer(ctx, port, options?)`: OpenAI's `POST /v1/chat/completions` and
+ * `POST /v1/completions`, Anthropic's `POST /v1/messages`, `GET /v1/models`, `/health` and
+ * `/stats`, on `port` (0: a free one), the same server as `mlx-bun serve`. mlx-bun's `kvQuant`,
+ * `memoryBudgetBytes`, `defaultThinking`, `defaultAdapter` and `hlg` throw `UNSUPPORTED_OPTION`.
+ */
+export function createServer(ctx: ServerContext, port: number, options?: ServerOptions): HttpServer
