@@ -8,6 +8,12 @@ const { spawnSync } = require('node:child_process')
 const mlx = require('..')
 const { makeTinyLlama, tmpdir, collect, fixture, TINY } = require('./helpers')
 
+async function collectTokens(gen) {
+  const out = []
+  for await (const t of gen) out.push(t)
+  return out
+}
+
 describe('generate on a tiny random llama', () => {
   let model
   before(async () => {
@@ -102,6 +108,19 @@ describe('generate on a tiny random llama', () => {
     const whole = await collect(mlx.generate(model, prompt, { maxTokens: 8, eosTokenIds: [] }))
     const chunked = await collect(mlx.generate(model, prompt, { maxTokens: 8, eosTokenIds: [], prefillChunkSize: 7 }))
     assert.deepEqual(chunked.tokens, whole.tokens)
+  })
+
+  test("model.logits of a prompt longer than a prefill chunk (2048) gives the first token's log-probabilities", async () => {
+    const prompt = Array.from({ length: 2100 }, (_, i) => (i * 13 + 5) % TINY.vocab)
+    const logits = await model.logits(prompt)
+    assert.equal(logits.length, TINY.vocab)
+    let best = 0
+    for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i
+    const max = logits[best]
+    const lse = max + Math.log(logits.reduce((sum, x) => sum + Math.exp(x - max), 0))
+    const [first] = await collectTokens(mlx.generate(model, prompt, { maxTokens: 1, eosTokenIds: [], topLogprobs: 5 }))
+    assert.equal(first.token, best)
+    for (const { id, logprob } of first.logprobs.top) assert.ok(Math.abs(logits[id] - lse - logprob) < 1e-4, `${id}: ${logits[id] - lse} vs ${logprob}`)
   })
 
   test('concurrent generations each get their own tokens', async () => {

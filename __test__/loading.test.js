@@ -57,6 +57,20 @@ test("createModel returns the model at once, as mlx-bun's does; work queues behi
   assert.throws(() => mlx.createModel(mlx.Weights.open(dir), undefined, { f32Matmuls: 'fast' }), { code: 'INVALID_OPTION' })
 })
 
+test('a model used at once waits for its load even when other loads are queued ahead of it', async () => {
+  const dir = makeTinyLlama(path.join(tmpdir('queue'), 'tiny'))
+  const expected = (await collect(mlx.generate(await mlx.loadModel(dir), [1, 2], { maxTokens: 4, eosTokenIds: [] }))).tokens
+  for (let round = 0; round < 3; round++) {
+    // A GGUF's conversion keeps the engine thread busy while the next loads and the generation
+    // arrive; they reach the thread together, the generation's model behind another load.
+    const slow = mlx.createModel(mlx.Weights.open(fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf')))
+    const ahead = mlx.createModel(mlx.Weights.open(dir))
+    const model = mlx.createModel(mlx.Weights.open(dir))
+    assert.deepEqual((await collect(mlx.generate(model, [1, 2], { maxTokens: 4, eosTokenIds: [] }))).tokens, expected, `round ${round}`)
+    for (const m of [slow, ahead, model]) m.dispose()
+  }
+})
+
 test('a load that fails rejects model.ready and fails every use of the model with its typed error', async () => {
   const dir = makeTinyLlama(path.join(tmpdir('fail'), 'tiny'))
   const cfg = mlx.loadModelConfig(dir)

@@ -149,7 +149,7 @@ impl Driver {
 
     /// One unit of this session's own work: creating its run, or one step of it.
     /// A panic inside it fails this session alone (`INTERNAL_ERROR`), released as after an error.
-    pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) {
+    pub fn step(&mut self, model: &dyn Fn(u64) -> Result<Option<Rc<dyn LanguageModel>>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) {
         let step = catch_panic(|| match self.run.as_mut() {
             None => self.prepare(model, prefix, caller_caches).map(|()| Step::Continue),
             Some(run) => run.step(&mut self.session.output()),
@@ -225,9 +225,17 @@ impl Driver {
         self.settle(result);
     }
 
-    fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Rc<dyn LanguageModel>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) -> Result<()> {
+    fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Option<Rc<dyn LanguageModel>>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) -> Result<()> {
+        // A model whose load is still queued: this unit does nothing, the next one looks again.
+        let loaded = match &self.spec {
+            Some(MethodSpec::Generate { model: id, .. }) => match model(*id)? {
+                Some(m) => Some(m),
+                None => return Ok(()),
+            },
+            _ => None,
+        };
         let plan = match self.spec.take().expect("prepared once") {
-            MethodSpec::Generate { model: id, prompt, opts, prefix: key, cache } => {
+            MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache } => {
                 let placed = placement::for_generation(&opts);
                 // A caller's own cache replaces the engine's prefix cache.
                 let caches = match cache {
@@ -237,7 +245,7 @@ impl Driver {
                     }
                     None => Caches::Fresh,
                 };
-                Generation::plan(model(id)?, prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
+                Generation::plan(loaded.expect("looked up above"), prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
             }
             MethodSpec::Script(script) => script.plan(),
         };

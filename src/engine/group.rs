@@ -15,7 +15,7 @@ use super::rows;
 use super::resources::Release;
 use super::scheduler::{ExecutionGroup, MixedPreparation};
 use super::session::{CancelReason, Output};
-use super::models::{lookup, ModelId, Models};
+use super::models::{when_loaded, ModelId, Models};
 use super::tasks::ExecutionTasks;
 use super::caller_cache::CallerCaches;
 use crate::cache::PrefixCache;
@@ -119,7 +119,7 @@ impl Group {
     /// Gives one unit of its own work to each driver `pick` selects (by index); returns how many.
     fn step_each(&mut self, pick: impl Fn(usize, &Driver) -> bool) -> usize {
         let models = self.models.clone();
-        let model = move |id: ModelId| lookup(&models, id);
+        let model = move |id: ModelId| when_loaded(&models, id);
         let mut stepped = 0;
         for (i, d) in self.drivers.iter_mut().enumerate() {
             if pick(i, d) {

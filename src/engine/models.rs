@@ -19,6 +19,16 @@ pub enum ModelSlot {
     Failed(Error),
 }
 
+/// The loaded model `id`, or `None` while its load is still queued: a session may reach the
+/// thread before its model's load task has run (another task was ahead of it), and then waits.
+/// The load's error if it failed; `MODEL_DISPOSED` once unloaded.
+pub fn when_loaded(models: &Models, id: ModelId) -> Result<Option<Rc<dyn LanguageModel>>> {
+    match models.borrow().get(&id) {
+        Some(ModelSlot::Loading) => Ok(None),
+        _ => lookup(models, id).map(Some),
+    }
+}
+
 /// The loaded model `id`; the load's error if it failed; `MODEL_DISPOSED` once unloaded.
 pub fn lookup(models: &Models, id: ModelId) -> Result<Rc<dyn LanguageModel>> {
     match models.borrow().get(&id) {

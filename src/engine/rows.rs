@@ -224,7 +224,7 @@ fn stack(rows: &mut [&mut (dyn Row + '_)]) -> Result<Rc<RefCell<BatchKvCache>>> 
 
 /// Between the parts of a long step, with nothing of the step running in MLX: lets a pending
 /// fork go ahead, and ends the step with `EngineClosed` once the process exits (`mlx::gate`).
-fn between_parts() -> Result<()> {
+pub(super) fn between_parts() -> Result<()> {
     gate::pause_point(backend::synchronize);
     if gate::is_closed() {
         Err(Error::EngineClosed)

@@ -1,7 +1,9 @@
 //! Work that needs the engine thread between units without owning a decode row (mlx-bun 0.5's
-//! `ExecutionTasks`): model loads, parity logits, conversions. The scheduler runs one per
-//! iteration. A task is cancelled by dropping its receiver: while pending it is then removed
-//! without running; once started it runs to the end, so its caller never sees half-done work.
+//! `ExecutionTasks`): model loads, logits, conversions. The scheduler runs one per iteration. A
+//! long task runs in steps (`enqueue_steps`): one step per turn, then back to the end of the
+//! queue, so sessions and other tasks run between its steps. A task is cancelled by dropping its
+//! receiver: while pending (or between steps) it is then removed; a step, once started, runs to
+//! its end.
 use std::collections::VecDeque;
 
 use tokio::sync::oneshot;
@@ -9,7 +11,8 @@ use tokio::sync::oneshot;
 use crate::error::{catch_panic, Error, Result};
 
 trait Pending {
-    fn run(self: Box<Self>);
+    /// Runs the task, or its next step; what is left of it, if anything, goes back in the queue.
+    fn run(self: Box<Self>) -> Option<Box<dyn Pending>>;
     fn cancelled(&self) -> bool;
     fn reject(self: Box<Self>, error: Error);
 }
@@ -20,9 +23,41 @@ struct Task<T, F> {
 }
 
 impl<T, F: FnOnce() -> Result<T>> Pending for Task<T, F> {
-    fn run(self: Box<Self>) {
+    fn run(self: Box<Self>) -> Option<Box<dyn Pending>> {
         // A panic fails this task alone (`INTERNAL_ERROR`); the thread goes on with the next.
         let _ = self.reply.send(catch_panic(self.work));
+        None
+    }
+
+    fn cancelled(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn reject(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
+/// A task of several steps: `step` returns `Ok(None)` while work is left.
+struct Steps<T, F> {
+    step: F,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T: 'static, F: FnMut() -> Result<Option<T>> + 'static> Pending for Steps<T, F> {
+    fn run(mut self: Box<Self>) -> Option<Box<dyn Pending>> {
+        let step = &mut self.step;
+        match catch_panic(|| step()) {
+            Ok(None) => Some(self),
+            Ok(Some(done)) => {
+                let _ = self.reply.send(Ok(done));
+                None
+            }
+            Err(e) => {
+                let _ = self.reply.send(Err(e));
+                None
+            }
+        }
     }
 
     fn cancelled(&self) -> bool {
@@ -56,15 +91,28 @@ impl ExecutionTasks {
         }
     }
 
+    /// Queues a task that runs one `step` per turn until a step returns its result.
+    pub fn enqueue_steps<T: 'static>(
+        &mut self,
+        step: impl FnMut() -> Result<Option<T>> + 'static,
+        reply: oneshot::Sender<Result<T>>,
+    ) {
+        if !reply.is_closed() {
+            self.pending.push_back(Box::new(Steps { step, reply }));
+        }
+    }
+
     /// Drops the pending tasks whose callers stopped waiting.
     pub fn prune(&mut self) {
         self.pending.retain(|t| !t.cancelled());
     }
 
-    /// Runs the oldest pending task.
+    /// Runs the oldest pending task (or its next step).
     pub fn advance(&mut self) {
         if let Some(task) = self.pending.pop_front() {
-            task.run();
+            if let Some(rest) = task.run() {
+                self.pending.push_back(rest);
+            }
         }
     }
 
@@ -145,6 +193,41 @@ mod tests {
         assert_eq!((e.code(), e.to_string().as_str()), ("INTERNAL_ERROR", "internal error: boom in a task"));
         tasks.advance();
         assert_eq!(rx2.try_recv().unwrap().unwrap(), 7);
+    }
+
+    #[test]
+    fn a_task_in_steps_lets_the_others_run_between_its_steps() {
+        let ran = Rc::new(RefCell::new(Vec::new()));
+        let mut tasks = ExecutionTasks::default();
+        let (tx, mut long) = oneshot::channel();
+        let (r, mut n) = (ran.clone(), 0);
+        tasks.enqueue_steps(
+            move || {
+                n += 1;
+                r.borrow_mut().push(format!("long {n}"));
+                Ok((n == 3).then_some(n))
+            },
+            tx,
+        );
+        let (tx, mut short) = oneshot::channel();
+        let r = ran.clone();
+        tasks.enqueue(move || Ok(r.borrow_mut().push("short".into())), tx);
+        for _ in 0..4 {
+            tasks.advance();
+        }
+        assert_eq!(*ran.borrow(), ["long 1", "short", "long 2", "long 3"]);
+        assert_eq!(long.try_recv().unwrap().unwrap(), 3);
+        assert!(short.try_recv().unwrap().is_ok());
+        assert_eq!(tasks.pending(), 0);
+        // A caller that stops waiting between steps ends the task there.
+        let (tx, rx) = oneshot::channel::<Result<()>>();
+        let r = ran.clone();
+        tasks.enqueue_steps(move || Ok(r.borrow_mut().push("again".into())).map(|()| None), tx);
+        tasks.advance();
+        drop(rx);
+        tasks.prune();
+        assert_eq!(tasks.pending(), 0);
+        assert_eq!(ran.borrow().last().map(String::as_str), Some("again"));
     }
 
     #[test]

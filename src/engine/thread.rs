@@ -20,6 +20,7 @@ use super::admission::Admission;
 use super::group::Group;
 use super::models::{lookup, ModelId, ModelSlot, Models};
 use super::request::MethodSpec;
+use super::rows;
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
@@ -30,8 +31,9 @@ use crate::mlx::backend::synchronize;
 use crate::mlx::{gate, host};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
-use crate::model::{create_model, LanguageModel, StepContext, Tokens};
-use crate::sample::validate_prompt;
+use crate::cache::LayerCache;
+use crate::model::{create_model, Logits, StepContext, Tokens};
+use crate::sample::{validate_prompt, GenerateOptions};
 use crate::tokenizer;
 
 /// Produces a model's weights on the engine thread (a GGUF file is converted there).
@@ -449,12 +451,8 @@ impl EngineLoop {
                 prompt,
                 reply,
             } => {
-                let models = self.models.clone();
-                let logits = move || {
-                    let model = lookup(&models, model)?;
-                    last_logits(&*model, &prompt)
-                };
-                system.tasks.enqueue(logits, reply);
+                let mut logits = PromptLogits { models: self.models.clone(), model, prompt, done: 0, caches: None };
+                system.tasks.enqueue_steps(move || logits.step(), reply);
             }
             Command::Run(enqueue) => enqueue(&mut system.tasks),
         }
@@ -472,13 +470,42 @@ fn warm_up() {
     });
 }
 
-fn last_logits(model: &dyn LanguageModel, prompt: &[u32]) -> Result<Vec<f32>> {
-    validate_prompt(prompt, model.config().vocab_size)?;
-    let mut caches = model.new_cache();
-    let logits = model
-        .forward(&Tokens::one(prompt), CacheView::Rows(&mut [&mut caches]), &StepContext::LAST)?
-        .ok_or_else(|| Error::Internal("a forward returned no logits".into()))?;
-    host::to_f32_vec(&logits)
+/// `Model.logits`: the last position's logits of a prompt on a fresh cache, prefilled one chunk
+/// per turn of the engine thread (mlx-lm's 2048 tokens, as a generation's prefill), so sessions
+/// and other tasks go on between chunks. A prompt of one chunk is one forward, as before.
+struct PromptLogits {
+    models: Models,
+    model: ModelId,
+    prompt: Vec<u32>,
+    done: usize,
+    caches: Option<Vec<LayerCache>>,
+}
+
+impl PromptLogits {
+    fn step(&mut self) -> Result<Option<Vec<f32>>> {
+        let model = lookup(&self.models, self.model)?;
+        let caches = match &mut self.caches {
+            Some(c) => c,
+            None => {
+                validate_prompt(&self.prompt, model.config().vocab_size)?;
+                self.caches.insert(model.new_cache())
+            }
+        };
+        let end = (self.done + GenerateOptions::default().prefill_chunk_size as usize).min(self.prompt.len());
+        let tokens = Tokens::one(&self.prompt[self.done..end]);
+        if end < self.prompt.len() {
+            // Layer by layer, checking for an exit or a fork between them, as a prefill does.
+            let check = rows::between_parts;
+            model.forward(&tokens, CacheView::Rows(&mut [caches]), &StepContext { logits: Logits::None, check: Some(&check) })?;
+            mlx_rs::memory::clear_cache()?;
+            self.done = end;
+            return Ok(None);
+        }
+        let logits = model
+            .forward(&tokens, CacheView::Rows(&mut [caches]), &StepContext::LAST)?
+            .ok_or_else(|| Error::Internal("a forward returned no logits".into()))?;
+        host::to_f32_vec(&logits).map(Some)
+    }
 }
 
 #[cfg(test)]
