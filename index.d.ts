@@ -51,9 +51,13 @@ export interface TextConfig {
   rmsNormEps: number
   vocabSize: number
   maxPositionEmbeddings: number | null
-  /** 0 when the model has no sliding-window layers. */
+  /** The sliding layers' window (the architecture's default when config.json is silent); 0 when none. */
   slidingWindow: number
-  /** `'sliding_attention'` | `'full_attention'` per layer, when the config lists them. */
+  /**
+   * `'sliding_attention'` | `'full_attention'` per layer as this engine builds the model (Gemma 3
+   * by its `sliding_window_pattern`); for architectures it does not implement, the config's own
+   * `layer_types` (`[]` when absent: all full attention).
+   */
   layerTypes: string[]
   hiddenSizePerLayerInput: number
   vocabSizePerLayerInput: number
@@ -62,6 +66,12 @@ export interface TextConfig {
   numExperts: number
   topKExperts: number
   moeIntermediateSize: number
+  /** Linear-attention (recurrent) layer sizes; 0 for the architectures this engine implements. */
+  linearNumValueHeads: number
+  linearNumKeyHeads: number
+  linearKeyHeadDim: number
+  linearValueHeadDim: number
+  linearConvKernelDim: number
   /** By attention kind (`full_attention`, `sliding_attention`). */
   ropeParameters: Record<string, { ropeTheta: number; ropeType: string; partialRotaryFactor: number; factor: number }>
   finalLogitSoftcapping: number | null
@@ -131,7 +141,7 @@ export class Model {
    */
   readonly ready: Promise<void>
   readonly config: ModelConfigInfo
-  /** Last-position logits of one forward pass over `prompt` (fresh cache). */
+  /** Last-position logits of `prompt` on a fresh cache, prefilled in 2048-token chunks as a generation's prompt is (other sessions run between chunks). */
   logits(prompt: ArrayLike<number>): Promise<Float32Array>
   /** A KV cache of this model for the caller to keep between generations (the `cache` option). */
   makeCache(): KvCache
@@ -347,6 +357,8 @@ export function convert(
 ): Promise<string>
 
 export * from './types/hub'
+
+export * from './types/fit'
 
 /** Runs the `mlx-bun` CLI in-process; resolves with its exit code. */
 export function runCli(args: string[]): Promise<number>

@@ -1,13 +1,14 @@
 'use strict'
 // mlx-bun: the JavaScript face of the native engine. Everything heavy runs in Rust; this file
 // assembles mlx-bun's API over lib/: the addon and its runtime (native), errors with a `code`
-// (errors), option keys checked by name (options), sessions iterated per token (sessions) and
-// models on disk (hub).
+// (errors), option keys checked by name (options), sessions iterated per token (sessions),
+// models on disk (hub) and the memory contract (fit).
 const { coded, mapError, wrap } = require('./lib/errors')
 const { native, nativeRuntimeDir } = require('./lib/native')
 const { checkKeys, optionObject, jsonSafe } = require('./lib/options')
 const { GenerationSession, InferenceEngine, Generation } = require('./lib/sessions')
 const { Registry, downloadModel } = require('./lib/hub')
+const { fit, thisMachine, skuMatrix, COEXIST_FRACTION } = require('./lib/fit')
 
 // Static factories are not redefinable on native classes; expose mapped ones on subclasses.
 class Weights extends native.Weights {
@@ -196,4 +197,8 @@ module.exports = {
   ensureNativeRuntime,
   Registry,
   downloadModel,
+  fit,
+  thisMachine,
+  skuMatrix,
+  COEXIST_FRACTION,
 }

@@ -37,4 +37,8 @@ export const {
   ensureNativeRuntime,
   Registry,
   downloadModel,
+  fit,
+  thisMachine,
+  skuMatrix,
+  COEXIST_FRACTION,
 } = mlx

@@ -167,6 +167,7 @@ describe('mlx-bun --help', () => {
     bench: ['--model', '--prompt-tokens', '--gen-tokens', '--repeats', '--f32-matmuls', '--prefill-chunk-size'],
     serve: ['--model', '--id', '--host', '--port', '--api-key', '--cors-origin', '--prompt-cache-bytes', '--batch', '--max-queued', '--default-max-tokens', '--log-format', '--chat-template', '--f32-matmuls'],
     convert: ['<MODEL>', '<OUT>', '--dtype', '--q-bits', '--q-group-size'],
+    fit: ['<MODEL>', '--ctx', '--kv-bits', '--skus', '--json'],
   }
   const commands = () => {
     const help = execFileSync(BIN, ['--help'], { encoding: 'utf8' })

@@ -6,6 +6,7 @@
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const { spawn, execFileSync } = require('node:child_process')
+const fs = require('node:fs')
 const path = require('node:path')
 
 const { default: OpenAI, APIUserAbortError } = require('openai')
@@ -253,6 +254,35 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
     assert.deepEqual(list.data.map((m) => m.id), [MODEL])
     assert.equal((await openai.models.retrieve(MODEL)).id, MODEL)
     await assert.rejects(openai.models.retrieve('gpt-4'), (e) => e.status === 404)
+  })
+
+  test('GET /fit: the served model on this machine, by the same fit() as the package', async () => {
+    const dir = fixture(MODEL)
+    const config = mlx.loadModelConfig(dir)
+    const weights = fs.readdirSync(dir).filter((f) => f.endsWith('.safetensors')).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0)
+    const get = async (query) => {
+      const r = await fetch(`${server.url}/fit${query}`)
+      return { status: r.status, json: await r.json() }
+    }
+    const snake = (r) => ({ fits: r.fits, weights_bytes: r.weightsBytes, kv_bytes: r.kvBytes, transient_bytes: r.transientBytes, total_bytes: r.totalBytes,
+      usable_bytes: r.usableBytes, max_safe_context: r.maxSafeContext, predicted_decode_tps: r.predictedDecodeTps })
+    const here = mlx.thisMachine()
+    const d = await get('')
+    assert.equal(d.status, 200)
+    assert.equal(d.json.model, MODEL)
+    assert.deepEqual(d.json.machine, { chip: here.chip, ram_bytes: here.ramBytes, bandwidth_gbs: here.bandwidthGBs, bandwidth_source: here.bandwidthSource })
+    assert.equal(d.json.context_tokens, 8192)
+    assert.deepEqual(d.json.report, snake(mlx.fit(config, weights, 8192)))
+    assert.equal(d.json.sku_matrix_ctx, 32768)
+    assert.deepEqual(d.json.sku_matrix[0], { sku: 'M1', ram_gb: 8, fits: true, max_context: 8192, decode_tps: mlx.skuMatrix(config, weights, 32768)[0].decodeTps })
+    const q = await get('?ctx=2048&kvBits=4')
+    assert.equal(q.json.context_tokens, 2048)
+    assert.deepEqual(q.json.report, snake(mlx.fit(config, weights, 2048, here, 2048, 0, undefined, { kvBits: 4 })))
+    for (const [query, message] of [['?ctx=abc', /ctx/], ['?kvBits=7', /kvBits/], ['?context=5', /unknown query parameter/]]) {
+      const r = await get(query)
+      assert.equal(r.status, 400, query)
+      assert.match(r.json.error.message, message)
+    }
   })
 })
 

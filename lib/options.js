@@ -23,6 +23,9 @@ const OPTION_KEYS = {
   download: new Set(['revision', 'cacheDir', 'endpoint', 'token', 'onProgress', 'allFiles']),
   server: new Set(['host', 'apiKey', 'corsOrigins', 'defaultMaxTokens', 'defaultTemperature', 'defaultTopP', 'defaultTopK',
     'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs']),
+  machine: new Set(['name', 'ramBytes', 'bandwidthGBs', 'chip', 'bandwidthSource']),
+  kvScheme: new Set(['kvBits', 'kvGroupSize', 'kvConfig']),
+  kvConfig: new Set(['layerIdx', 'bits', 'groupSize']),
 }
 const NOT_YET = {
   kvBits: 'quantized KV caches',
@@ -39,7 +42,7 @@ const NOT_YET = {
 // mlx-bun's server options this engine does not implement yet.
 const NOT_YET_SERVING = {
   kvQuant: 'quantized KV caches',
-  memoryBudgetBytes: 'memory budgets (fit)',
+  memoryBudgetBytes: 'memory budgets (refusing a model whose fit() leaves no context)',
   defaultThinking: 'thinking controls',
   defaultAdapter: 'LoRA adapters',
   hlg: 'HLG decoding',
@@ -47,7 +50,10 @@ const NOT_YET_SERVING = {
 // mlx-bun's ensureNativeRuntime downloads a runtime pack; here the runtime ships in the platform package.
 const RUNTIME_PACK = 'downloaded runtime packs (the MLX runtime ships in the @mlx-bun platform package)'
 const NOT_YET_RUNTIME = { url: RUNTIME_PACK, sha256: RUNTIME_PACK, sizeBytes: RUNTIME_PACK, destDir: RUNTIME_PACK, onProgress: RUNTIME_PACK }
-const NOT_YET_BY_KIND = { generate: NOT_YET, request: NOT_YET, server: NOT_YET_SERVING, context: NOT_YET_SERVING, runtime: NOT_YET_RUNTIME }
+// Parts of mlx-bun's KV scheme its fit() does not bill as configured (a delayed start is billed
+// as quantized from the first token, TurboQuant as bf16): refused rather than mispredicted.
+const NOT_YET_FIT = { quantizedKvStart: 'delayed KV quantization in fit()', turboQuant: 'TurboQuant KV caches in fit()' }
+const NOT_YET_BY_KIND = { generate: NOT_YET, request: NOT_YET, server: NOT_YET_SERVING, context: NOT_YET_SERVING, runtime: NOT_YET_RUNTIME, kvScheme: NOT_YET_FIT }
 
 /** Edit distance, for "did you mean". */
 function distance(a, b) {

@@ -16,7 +16,8 @@ export interface ContextOptions extends LoadOptions {
 
 /**
  * `loadContext(dir, id?, options?)`: returns at once; the model loads on the engine thread.
- * `memoryBudgetBytes` (mlx-bun's) throws `UNSUPPORTED_OPTION` until `fit()` exists.
+ * `memoryBudgetBytes` (mlx-bun's: refuse a model whose `fit()` leaves no context) throws
+ * `UNSUPPORTED_OPTION`: this engine does not admit models by memory yet.
  */
 export function loadContext(dir: string, id?: string, options?: ContextOptions): ServerContext
 export function loadContext(dir: string, options?: ContextOptions): ServerContext
@@ -59,8 +60,9 @@ export interface HttpServer {
 
 /**
  * `createServer(ctx, port, options?)`: OpenAI's `POST /v1/chat/completions` and
- * `POST /v1/completions`, Anthropic's `POST /v1/messages`, `GET /v1/models`, `/health` and
- * `/stats`, on `port` (0: a free one), the same server as `mlx-bun serve`. mlx-bun's `kvQuant`,
+ * `POST /v1/completions`, Anthropic's `POST /v1/messages`, `GET /v1/models`, `/health`,
+ * `/stats` and `/fit` (mlx-bun's fit report of the served model, `?ctx=N&kvBits=B`), on `port`
+ * (0: a free one), the same server as `mlx-bun serve`. mlx-bun's `kvQuant`,
  * `memoryBudgetBytes`, `defaultThinking`, `defaultAdapter` and `hlg` throw `UNSUPPORTED_OPTION`.
  */
 export function createServer(ctx: ServerContext, port: number, options?: ServerOptions): HttpServer

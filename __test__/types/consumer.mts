@@ -3,6 +3,7 @@
 // docs must compile unchanged: createModel returns the model, loadTokenizer/ChatTemplate.load and
 // loadModelConfig are synchronous, and awaiting them still works.
 import mlxDefault, {
+  COEXIST_FRACTION,
   ChatTemplate,
   Generation,
   GenerationSession,
@@ -19,6 +20,7 @@ import mlxDefault, {
   defaultModelPath,
   downloadModel,
   ensureNativeRuntime,
+  fit,
   generate,
   loadContext,
   loadKvCache,
@@ -31,9 +33,11 @@ import mlxDefault, {
   resolveExecution,
   runCli,
   saveKvCache,
+  skuMatrix,
   testing,
+  thisMachine,
 } from 'mlx-bun'
-import type { ErrorCode, GenerateStats, GenerationOutcome, ModelConfigInfo, ModelRecord, NativeRuntime, TextConfig } from 'mlx-bun'
+import type { ErrorCode, FitReport, GenerateStats, GenerationOutcome, MachineSpec, ModelConfigInfo, ModelRecord, NativeRuntime, SkuRow, TextConfig } from 'mlx-bun'
 
 export async function app(dir: string): Promise<string> {
   const runtime: NativeRuntime = await ensureNativeRuntime()
@@ -90,6 +94,10 @@ export async function app(dir: string): Promise<string> {
     revision: 'main',
     onProgress: (file, received, total) => console.log(file, received, total),
   })
+  const machine: MachineSpec = thisMachine()
+  const report: FitReport = fit(config, chosen.sizeBytes, 8192, machine, 2048, chosen.expertsBytes, machine.ramBytes * COEXIST_FRACTION, { kvBits: 4 })
+  const rows: SkuRow[] = skuMatrix(config, chosen.sizeBytes, 32768)
+  const safe: number = fit(config, chosen.sizeBytes, 8192).maxSafeContext + rows.length + (report.fits ? 1 : 0)
   const scripted = testing.createScriptedEngine({ steps: [{ commit: [1, 2] }] })
   await scripted.close()
   try {
@@ -101,5 +109,5 @@ export async function app(dir: string): Promise<string> {
   model.dispose()
   weights.dispose()
   const same: boolean = mlxDefault.generate === generate
-  return [runtime.backend, where, layers, thinking, out, stats?.decodeTps, outcome.status, placed.mechanism, logits.length, converted, code, defaultModelPath(), same, found, chosen.path, snapshot].join(' ')
+  return [runtime.backend, where, layers, thinking, out, stats?.decodeTps, outcome.status, placed.mechanism, logits.length, converted, code, defaultModelPath(), same, found, chosen.path, snapshot, safe].join(' ')
 }

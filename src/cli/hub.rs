@@ -58,7 +58,7 @@ fn parse_size(s: &str) -> std::result::Result<f64, String> {
     num.parse::<f64>().map(|n| n * mult).map_err(|_| format!("bad size '{s}' (e.g. 10GB, 800MB)"))
 }
 
-fn registry() -> Registry {
+pub(super) fn registry() -> Registry {
     let home = pull::home();
     Registry::open(Some(default_index(&home)), hub_dir(), home)
 }

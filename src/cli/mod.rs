@@ -1,7 +1,9 @@
-//! The `mlx-bun` command line: `pull`, `generate`, `chat`, `bench`, `serve` and `convert`. The same entry point serves the
-//! Rust binary and `npx mlx-bun` (through the addon's `runCli`).
+//! The `mlx-bun` command line: `pull`, `generate`, `chat`, `ls`, `get`, `fit`, `bench`, `serve` and
+//! `convert`. The same entry point serves the Rust binary and `npx mlx-bun` (through the addon's
+//! `runCli`).
 mod bench;
 mod chat;
+mod fit;
 mod hub;
 
 use std::io::Write;
@@ -86,6 +88,12 @@ enum Command {
     Ls(hub::LsArgs),
     /// Download a model from the Hugging Face hub into its cache (resumable, verified).
     Get(hub::GetArgs),
+    /// Will a model fit this machine: its memory at a context, the longest safe context, the
+    /// predicted decode speed.
+    ///
+    /// mlx-bun's formulas (weights + KV cache + prefill transient against RAM × 0.75); the
+    /// same report as `fit()` in JavaScript and the server's GET /fit.
+    Fit(fit::FitArgs),
     /// Measure prefill/decode speed, time to first token and peak RSS (one JSON line).
     ///
     /// scripts/bench.py runs it beside mlx-lm and prints the ratios.
@@ -111,8 +119,8 @@ enum Command {
     },
     /// Serve OpenAI- and Anthropic-compatible HTTP APIs over one model.
     ///
-    /// /v1/chat/completions, /v1/completions, /v1/messages and /v1/models, until SIGINT or
-    /// SIGTERM; the address is printed on stderr.
+    /// /v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /health, /stats and
+    /// /fit, until SIGINT or SIGTERM; the address is printed on stderr.
     Serve(ServeArgs),
     /// Write a model as an HF/MLX folder (safetensors, config.json, tokenizer files).
     ///
@@ -265,6 +273,7 @@ fn execute(cmd: Command) -> Result<()> {
         Command::Chat(args) => chat::chat(args),
         Command::Ls(args) => hub::ls(args),
         Command::Get(args) => hub::get(args),
+        Command::Fit(args) => fit::fit(args),
         Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
             bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
         }

@@ -271,6 +271,12 @@ fn name_of(path: &Path) -> String {
     repo.unwrap_or_else(|| path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
+/// The record of the model folder or `.gguf` file at `path`, as a scan would index it; `None`
+/// if it holds no model.
+pub fn record(path: &Path) -> Option<ModelRecord> {
+    scan_path(path, &name_of(path))
+}
+
 /// A model folder or `.gguf` file as a record named after it; `None` if it is neither.
 fn scan_path(p: &Path, name: &str) -> Option<ModelRecord> {
     if p.is_dir() {

@@ -138,6 +138,9 @@ impl ModelConfig {
                 return Err(Error::config(&source, format!("{key} must be > 0")));
             }
         }
+        if f.usize("num_hidden_layers")? > MAX_LAYERS {
+            return Err(Error::config(&source, format!("num_hidden_layers must be at most {MAX_LAYERS}")));
+        }
         for key in ["sliding_window", "sliding_window_pattern"] {
             if f.opt_usize(key)? == Some(0) {
                 return Err(Error::config(&source, format!("{key} must be > 0")));
@@ -278,13 +281,22 @@ fn rope_scaling(raw: &Value, source: &Path) -> Result<Option<RopeScaling>> {
     }
 }
 
+/// Far more layers than any published model has (the deepest have ~126): a config that claims
+/// more is damaged, and is refused before per-layer lists are sized by it.
+pub const MAX_LAYERS: usize = 1 << 12;
+
+/// The bit widths MLX's affine quantization takes (weights and KV caches).
+pub const QUANT_BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
+/// The group sizes MLX's affine quantization takes.
+pub const QUANT_GROUP_SIZES: [i32; 3] = [32, 64, 128];
+
 /// MLX's affine quantization takes these bit widths and group sizes only; any other value would
 /// reach the weight shapes' arithmetic (a group size of 0 divides by zero).
 fn check_quant(source: &Path, at: &str, group_size: i32, bits: i32) -> Result<()> {
-    if ![2, 3, 4, 5, 6, 8].contains(&bits) {
+    if !QUANT_BITS.contains(&bits) {
         return Err(Error::config(source, format!("{at}.bits is {bits}, not one of 2, 3, 4, 5, 6, 8")));
     }
-    if ![32, 64, 128].contains(&group_size) {
+    if !QUANT_GROUP_SIZES.contains(&group_size) {
         return Err(Error::config(source, format!("{at}.group_size is {group_size}, not one of 32, 64, 128")));
     }
     Ok(())
@@ -376,6 +388,8 @@ mod tests {
             assert!(e.to_string().contains(named), "{e}");
         }
         assert!(set("sliding_window", json!(4096)).is_ok());
+        let e = set("num_hidden_layers", json!(1u64 << 40)).unwrap_err();
+        assert!(e.to_string().contains("num_hidden_layers must be at most 4096"), "{e}");
     }
 
     #[test]

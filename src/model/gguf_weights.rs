@@ -42,7 +42,7 @@ enum Arch {
 /// 126 layers), so that a corrupt header fails before it sizes anything.
 const MAX_WIDTH: u64 = 1 << 20;
 const MAX_HEADS: u64 = 1 << 12;
-const MAX_LAYERS: u64 = 1 << 12;
+const MAX_LAYERS: u64 = super::config::MAX_LAYERS as u64;
 
 /// How the tensors of a file are stored (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,11 +5,12 @@ use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
 use super::layers::{AttentionSpec, Rope};
 use super::weights::Weights;
+use super::Sliding;
 use crate::error::{Error, Result};
 
 pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
     let hd = cfg.head_dim;
-    let sliding = layer_kinds(&cfg)?;
+    let Sliding { layers: sliding, window } = sliding(&cfg)?;
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
             let spec = AttentionSpec {
@@ -25,21 +26,22 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
         })
         .collect::<Result<_>>()?;
     let tied = cfg.tie_word_embeddings.unwrap_or(true);
-    let window = cfg.usize_opt("sliding_window").unwrap_or(0);
     Decoder::assemble(w, cfg, layers, tied, window)
 }
 
-/// Which layers use sliding-window attention, from `layer_types` (all full when absent).
-pub fn layer_kinds(cfg: &ModelConfig) -> Result<Vec<bool>> {
+/// Which layers use sliding-window attention, from `layer_types` (all full when absent), over
+/// `sliding_window` positions.
+pub fn sliding(cfg: &ModelConfig) -> Result<Sliding> {
+    let window = cfg.usize_opt("sliding_window").unwrap_or(0);
     let Some(types) = cfg.raw.get("layer_types").and_then(|v| v.as_array()) else {
-        return Ok(vec![false; cfg.num_hidden_layers]);
+        return Ok(Sliding { layers: vec![false; cfg.num_hidden_layers], window });
     };
     if types.len() != cfg.num_hidden_layers {
         return Err(Error::config(&cfg.source, format!("layer_types has {} entries for {} layers", types.len(), cfg.num_hidden_layers)));
     }
     let sliding: Vec<bool> = types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect();
-    if sliding.iter().any(|&s| s) && cfg.usize_opt("sliding_window").unwrap_or(0) == 0 {
+    if sliding.iter().any(|&s| s) && window == 0 {
         return Err(Error::config(&cfg.source, "sliding_attention layers need a positive sliding_window"));
     }
-    Ok(sliding)
+    Ok(Sliding { layers: sliding, window })
 }

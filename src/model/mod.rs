@@ -12,6 +12,7 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod text;
 pub mod weights;
 
 use std::path::Path;
@@ -88,26 +89,50 @@ impl StepContext<'_> {
     pub const LAST: StepContext<'static> = StepContext { logits: Logits::Last, check: None };
 }
 
-type Loader = fn(&Weights, ModelConfig) -> Result<decoder::Decoder>;
+/// Which layers of a model attend over a sliding window (a rotating cache), and over how many
+/// positions: what its architecture builds, which `fit` bills and `loadModelConfig` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sliding {
+    /// One entry per layer: `true` = sliding-window attention, `false` = full attention.
+    pub layers: Vec<bool>,
+    pub window: usize,
+}
+
+/// An architecture: how its model is built and which of its layers slide.
+struct Arch {
+    load: fn(&Weights, ModelConfig) -> Result<decoder::Decoder>,
+    sliding: fn(&ModelConfig) -> Result<Sliding>,
+}
+
+/// Every layer attends to every position (architectures without sliding-window layers).
+fn all_full(config: &ModelConfig) -> Result<Sliding> {
+    Ok(Sliding { layers: vec![false; config.num_hidden_layers], window: 0 })
+}
+
+const LLAMA: Arch = Arch { load: llama::load, sliding: llama::sliding };
+const QWEN2: Arch = Arch { load: qwen2::load, sliding: all_full };
+const QWEN3: Arch = Arch { load: qwen3::load, sliding: all_full };
+const GEMMA3: Arch = Arch { load: gemma3_text::load, sliding: gemma3_text::sliding };
+const PHI3: Arch = Arch { load: phi3::load, sliding: all_full };
 
 /// The architecture implementing `config`: its `model_type`, else its HF `architectures` class.
-fn loader(config: &ModelConfig) -> Result<Loader> {
-    let by_type: Option<Loader> = match config.model_type.as_str() {
-        "llama" | "mistral" => Some(llama::load),
-        "qwen2" => Some(qwen2::load),
-        "qwen3" => Some(qwen3::load),
-        "gemma3_text" => Some(gemma3_text::load),
-        "phi3" => Some(phi3::load),
+fn arch(config: &ModelConfig) -> Result<&'static Arch> {
+    let by_type: Option<&'static Arch> = match config.model_type.as_str() {
+        "llama" | "mistral" => Some(&LLAMA),
+        "qwen2" => Some(&QWEN2),
+        "qwen3" => Some(&QWEN3),
+        "gemma3_text" => Some(&GEMMA3),
+        "phi3" => Some(&PHI3),
         _ => None,
     };
     let by_class = || {
-        config.architectures.iter().find_map(|a| -> Option<Loader> {
+        config.architectures.iter().find_map(|a| -> Option<&'static Arch> {
             match a.as_str() {
-                "LlamaForCausalLM" | "MistralForCausalLM" => Some(llama::load),
-                "Qwen2ForCausalLM" => Some(qwen2::load),
-                "Qwen3ForCausalLM" => Some(qwen3::load),
-                "Gemma3ForCausalLM" => Some(gemma3_text::load),
-                "Phi3ForCausalLM" => Some(phi3::load),
+                "LlamaForCausalLM" | "MistralForCausalLM" => Some(&LLAMA),
+                "Qwen2ForCausalLM" => Some(&QWEN2),
+                "Qwen3ForCausalLM" => Some(&QWEN3),
+                "Gemma3ForCausalLM" => Some(&GEMMA3),
+                "Phi3ForCausalLM" => Some(&PHI3),
                 _ => None,
             }
         })
@@ -115,9 +140,14 @@ fn loader(config: &ModelConfig) -> Result<Loader> {
     by_type.or_else(by_class).ok_or_else(|| Error::UnsupportedModelType(config.model_type.clone()))
 }
 
+/// The sliding-window layers the architecture `config` names would build.
+pub fn sliding_layers(config: &ModelConfig) -> Result<Sliding> {
+    (arch(config)?.sliding)(config)
+}
+
 /// Builds the architecture `config` names. Call on the engine thread only.
 pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
-    let load = loader(&config)?;
+    let load = arch(&config)?.load;
     let fingerprint = fingerprint(&weights, &config);
     let mut model = load(&weights, config)?;
     model.fingerprint = fingerprint;
@@ -163,7 +193,7 @@ pub fn open_source(path: &Path) -> Result<(Weights, ModelConfig)> {
         return gguf_weights::load(&gguf);
     }
     let config = ModelConfig::load(path)?;
-    loader(&config)?;
+    arch(&config)?;
     Ok((Weights::open_dir(path)?, config))
 }
 

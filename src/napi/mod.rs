@@ -1,6 +1,7 @@
 //! The JavaScript boundary: conversions between JS values and the Rust core, nothing else.
 //! Errors cross as `"CODE: message"`; index.js turns the prefix into `err.code`.
 mod convert;
+mod fit;
 mod hub;
 mod model;
 mod plan;

@@ -15,6 +15,7 @@ use crate::engine::inference::CacheHandle;
 use crate::engine::{EngineThread, ModelId, WeightsSource};
 use crate::error::Error;
 use crate::model::config::ModelConfig;
+use crate::model::text::text_config;
 use crate::model::{open_config, open_source};
 use crate::model::weights::{F32Matmuls, Weights as CoreWeights};
 
@@ -36,7 +37,7 @@ pub fn config_json(c: &ModelConfig) -> Value {
         "modelDir": dir,
         "modelType": c.model_type,
         "architectures": c.architectures,
-        "text": text_json(c),
+        "text": text_config(c),
         "dtype": c.torch_dtype,
         "vocabSize": c.vocab_size,
         "quantization": quantization,
@@ -44,65 +45,6 @@ pub fn config_json(c: &ModelConfig) -> Value {
         "hasVisionSidecar": c.has_vision_sidecar,
         "eosTokenIds": c.eos_token_ids,
         "raw": c.raw,
-    })
-}
-
-/// mlx-bun's `TextConfig`: the language model's sizes under its camelCase names, from
-/// `text_config` for multimodal checkpoints, else the top level; the sizes the engine parsed
-/// (with their defaults) where it parses them, mlx-bun's defaults for the rest.
-fn text_json(c: &ModelConfig) -> Value {
-    let t = c.raw.get("text_config").filter(|v| v.is_object()).unwrap_or(&c.raw);
-    let get = |k: &str| t.get(k).filter(|v| !v.is_null()).or_else(|| c.raw.get(k).filter(|v| !v.is_null()));
-    let num = |k: &str, default: Value| get(k).cloned().unwrap_or(default);
-    let kv_heads = c.num_key_value_heads;
-    let layer_types = get("layer_types").cloned().unwrap_or_else(|| {
-        if c.model_type == "llama" { json!(vec!["full_attention"; c.num_hidden_layers]) } else { json!([]) }
-    });
-    let rope = match get("rope_parameters").and_then(Value::as_object) {
-        Some(kinds) => kinds
-            .iter()
-            .map(|(kind, p)| {
-                let f = |k: &str, d: Value| p.get(k).filter(|v| !v.is_null()).cloned().unwrap_or(d);
-                (kind.clone(), json!({"ropeTheta": f("rope_theta", json!(c.rope_theta)), "ropeType": f("rope_type", json!("default")), "partialRotaryFactor": f("partial_rotary_factor", json!(1.0)), "factor": f("factor", json!(1.0))}))
-            })
-            .collect(),
-        None => {
-            let scaling = c.raw.get("rope_scaling").filter(|v| v.is_object());
-            let s = |k: &str, d: Value| scaling.and_then(|r| r.get(k)).filter(|v| !v.is_null()).cloned().unwrap_or(d);
-            let kind = s("rope_type", s("type", json!("default")));
-            let mut one = serde_json::Map::new();
-            one.insert("full_attention".into(), json!({"ropeTheta": c.rope_theta, "ropeType": kind, "partialRotaryFactor": num("partial_rotary_factor", json!(1.0)), "factor": s("factor", json!(1.0))}));
-            one
-        }
-    };
-    json!({
-        "hiddenSize": c.hidden_size,
-        "numHiddenLayers": c.num_hidden_layers,
-        "numAttentionHeads": c.num_attention_heads,
-        "numKeyValueHeads": kv_heads,
-        "headDim": c.head_dim,
-        "numGlobalKeyValueHeads": num("num_global_key_value_heads", json!(kv_heads)),
-        "globalHeadDim": num("global_head_dim", json!(c.head_dim)),
-        "attentionKEqV": num("attention_k_eq_v", json!(false)),
-        "intermediateSize": c.intermediate_size,
-        "hiddenActivation": get("hidden_activation").or_else(|| get("hidden_act")).cloned().unwrap_or(json!("gelu_pytorch_tanh")),
-        "rmsNormEps": c.rms_norm_eps,
-        "vocabSize": c.vocab_size,
-        "maxPositionEmbeddings": c.max_position_embeddings,
-        "slidingWindow": num("sliding_window", json!(0)),
-        "layerTypes": layer_types,
-        "hiddenSizePerLayerInput": num("hidden_size_per_layer_input", json!(0)),
-        "vocabSizePerLayerInput": num("vocab_size_per_layer_input", json!(c.vocab_size)),
-        "numKvSharedLayers": num("num_kv_shared_layers", json!(0)),
-        "enableMoeBlock": num("enable_moe_block", json!(false)),
-        "numExperts": num("num_experts", json!(0)),
-        "topKExperts": num("top_k_experts", json!(0)),
-        "moeIntermediateSize": num("moe_intermediate_size", json!(0)),
-        "ropeParameters": rope,
-        "finalLogitSoftcapping": get("final_logit_softcapping").cloned(),
-        "tieWordEmbeddings": get("tie_word_embeddings").cloned().unwrap_or(json!(false)),
-        "bosTokenId": get("bos_token_id").cloned(),
-        "eosTokenId": get("eos_token_id").cloned(),
     })
 }
 
@@ -310,7 +252,7 @@ impl Model {
         env.spawn_future(wait_loaded(self.load.clone()))
     }
 
-    /// Last-position logits of one forward pass over `prompt` on a fresh cache.
+    /// Last-position logits of `prompt` on a fresh cache, prefilled in chunks on the engine thread.
     #[napi(catch_unwind)]
     pub fn logits<'env>(&self, env: &'env Env, prompt: Either<Uint32Array, Vec<f64>>) -> napi::Result<PromiseRaw<'env, Float32Array>> {
         let id = self.live()?;

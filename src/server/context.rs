@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use crate::engine::{EngineThread, ModelId};
 use crate::error::{Error, Result};
+use crate::fit::ModelFit;
 use crate::model::open_source;
 use crate::model::weights::F32Matmuls;
 use crate::tokenizer::{load_tokenizer, ChatTemplate, Tokenizer};
@@ -42,6 +43,8 @@ pub struct ServerContext {
     pub defaults: ModelDefaults,
     /// When the model was loaded (seconds since the epoch, `created` in `/v1/models`).
     pub created: u64,
+    /// The model's geometry and weight bytes, for `GET /fit`.
+    pub fit: ModelFit,
 }
 
 pub use crate::tokenizer::eos_ids;
@@ -57,6 +60,7 @@ impl ServerContext {
             template = Some(ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?);
         }
         let (weights, config) = open_source(path)?;
+        let fit = ModelFit::of(&config, path)?;
         let weights = weights.with_f32_matmuls(f32_matmuls);
         let eos_ids = eos_ids(&config, &tokenizer);
         let defaults = if path.is_dir() { read_defaults(&path.join("generation_config.json"))? } else { ModelDefaults::default() };
@@ -67,7 +71,7 @@ impl ServerContext {
             name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
         });
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created }, loaded))
+        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit }, loaded))
     }
 }
 

@@ -9,6 +9,7 @@ mod body;
 mod channels;
 mod context;
 mod error;
+mod fit;
 mod generation;
 mod log;
 mod openai;
@@ -121,6 +122,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{id}", get(openai::model))
         .route("/health", get(health))
         .route("/stats", get(stats))
+        .route("/fit", get(fit::fit))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(app.options.body_limit))
         .layer(from_fn_with_state(app.clone(), authorize))
