@@ -9,7 +9,7 @@ use std::path::Path;
 use mlx_rs::{ops, Array};
 use serde_json::{json, Value};
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, QUANT_BITS, QUANT_GROUP_SIZES};
 use super::weights::{DType, Tensor, Weights};
 use crate::error::{Error, Result};
 use crate::mlx::host;
@@ -24,12 +24,12 @@ pub struct ConvertOptions {
 impl ConvertOptions {
     pub fn validate(&self) -> Result<()> {
         if let Some(b) = self.q_bits {
-            if ![2, 3, 4, 5, 6, 8].contains(&b) {
+            if !QUANT_BITS.contains(&b) {
                 return Err(Error::option("qBits", format!("must be one of 2, 3, 4, 5, 6, 8; got {b}")));
             }
         }
         if let Some(g) = self.q_group_size {
-            if ![32, 64, 128].contains(&g) {
+            if !QUANT_GROUP_SIZES.contains(&g) {
                 return Err(Error::option("qGroupSize", format!("must be 32, 64 or 128; got {g}")));
             }
         }
