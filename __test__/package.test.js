@@ -125,9 +125,19 @@ test('the packed tarballs install into a fresh project with npm and with bun and
       const r = spawnSync('node', ['-e', "try { require('mlx-bun') } catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })) }"], { cwd: npmDir, env: cleanEnv(), encoding: 'utf8' })
       return JSON.parse(r.stdout)
     }
+    let e
+    if (process.platform === 'linux') {
+      // A library libmlx needs, named by the dynamic loader.
+      const libs = path.join(npmDir, 'node_modules', PLATFORM_PACKAGE, 'mlx_cpu.libs')
+      const lapack = fs.readdirSync(libs).find((f) => f.startsWith('liblapack'))
+      fs.rmSync(path.join(libs, lapack))
+      e = loadError()
+      assert.equal(e.code, 'NATIVE_RUNTIME_MISSING')
+      assert.ok(e.message.includes(lapack) && e.message.includes(PLATFORM_PACKAGE), e.message)
+    }
     const lib = process.platform === 'darwin' ? 'libmlx.dylib' : 'libmlx.so'
     fs.rmSync(path.join(npmDir, 'node_modules', PLATFORM_PACKAGE, 'mlx', 'lib', lib))
-    let e = loadError()
+    e = loadError()
     assert.equal(e.code, 'NATIVE_RUNTIME_MISSING')
     assert.ok(e.message.includes(lib) && e.message.includes(PLATFORM_PACKAGE), e.message)
     fs.rmSync(path.join(npmDir, 'node_modules', PLATFORM_PACKAGE), { recursive: true })

@@ -33,11 +33,15 @@ function nativeRuntimeDir() {
   }
 }
 
-/** What must sit in the runtime folder for the addon to load (the platform package's files). */
+/**
+ * The runtime files checked by name before loading. The libraries libmlx itself needs (the
+ * wheel's `mlx_cpu.libs/`, which an `MLX_PREFIX` build may not have) are named by the dynamic
+ * loader's own message if one is missing.
+ */
 function runtimeFiles(triple) {
   const files = [`mlx-bun.${triple}.node`]
   if (triple.startsWith('darwin')) files.push('mlx/lib/libmlx.dylib', 'mlx/lib/mlx.metallib')
-  else files.push('mlx/lib/libmlx.so', 'mlx_cpu.libs')
+  else files.push('mlx/lib/libmlx.so')
   return files
 }
 
@@ -57,8 +61,10 @@ function loadNative() {
   } catch (e) {
     // The dynamic loader names the library it could not find; OpenBLAS is the one the runtime
     // takes from the system on Linux.
-    const blas = /libopenblas/.test(e.message) ? ' (install OpenBLAS: `apt install libopenblas0-pthread` on Debian and Ubuntu)' : ''
-    throw coded('NATIVE_RUNTIME_MISSING', `mlx-bun: the native addon in ${dir} did not load: ${e.message}${blas}`)
+    const hint = /libopenblas/.test(e.message)
+      ? 'install OpenBLAS (`apt install libopenblas0-pthread` on Debian and Ubuntu)'
+      : `${pkg} provides the MLX runtime (reinstall ${pkg})`
+    throw coded('NATIVE_RUNTIME_MISSING', `mlx-bun: the native addon in ${dir} did not load: ${e.message}; ${hint}`)
   }
 }
 
