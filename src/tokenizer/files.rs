@@ -3,7 +3,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{ChatTemplate, Tokenizer};
+use super::{config_token, json_ids, read_json, ChatTemplate, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::Gguf;
@@ -28,16 +28,65 @@ pub fn eos_ids(config: &ModelConfig, tokenizer: &Tokenizer) -> Vec<u32> {
     eos
 }
 
-/// `eos_ids` for a model known by its config alone (`generate()` gets no tokenizer): a folder's
-/// tokenizer is read for it. A GGUF's header already names its tokenizer's eos token, and a
-/// folder without a usable tokenizer keeps config.json's ids (it still runs on token ids;
-/// `loadTokenizer` reports what is wrong with the tokenizer).
+/// `eos_ids` for a model known by its config alone (`generate()` gets no tokenizer), read from
+/// a folder's json files: generation_config.json's ids, and the id of tokenizer_config.json's
+/// `eos_token` from its `added_tokens_decoder`, else from tokenizer.json's added tokens. Building
+/// the whole tokenizer takes a second for a large vocabulary (Gemma 3's), so it is done only when
+/// neither lists the token. A GGUF's header already names its tokenizer's eos token. A file
+/// that cannot be read adds nothing: the model still runs on token ids, and `loadTokenizer`
+/// reports what is wrong with it.
 pub fn model_eos_ids(config: &ModelConfig) -> Vec<u32> {
     let dir = config.model_path();
-    match dir.join("tokenizer.json").is_file().then(|| Tokenizer::from_dir(&dir)) {
-        Some(Ok(tokenizer)) => eos_ids(config, &tokenizer),
-        _ => config.eos_token_ids.clone(),
+    let mut eos = config.eos_token_ids.clone();
+    if dir.is_dir() {
+        if let Ok(Some(gen)) = read_json(&dir.join("generation_config.json")) {
+            eos.extend(json_ids(&gen["eos_token_id"]));
+        }
+        eos.extend(tokenizer_eos(&dir));
     }
+    dedup(eos)
+}
+
+/// The id of the folder's own eos token (see `model_eos_ids`).
+fn tokenizer_eos(dir: &Path) -> Vec<u32> {
+    let Ok(Some(tok)) = read_json(&dir.join("tokenizer_config.json")) else { return Vec::new() };
+    let Some(token) = config_token(&tok, "eos_token") else { return Vec::new() };
+    let listed = tok["added_tokens_decoder"].as_object().and_then(|table| {
+        table.iter().find(|(_, t)| t["content"].as_str() == Some(token)).and_then(|(id, _)| id.parse::<u32>().ok())
+    });
+    let id = listed.or_else(|| added_token_id(&dir.join("tokenizer.json"), token));
+    match id {
+        Some(id) => vec![id],
+        None => Tokenizer::from_dir(dir).map(|t| t.eos_token_ids().to_vec()).unwrap_or_default(),
+    }
+}
+
+/// The id of `token` among tokenizer.json's added tokens, where special tokens are listed;
+/// the vocabulary and merges are skipped unparsed, not built.
+fn added_token_id(path: &Path, token: &str) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Added {
+        id: u32,
+        content: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        added_tokens: Vec<Added>,
+    }
+    let file: File = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    file.added_tokens.into_iter().find(|a| a.content == token).map(|a| a.id)
+}
+
+/// `ids` in order, each once.
+fn dedup(ids: Vec<u32>) -> Vec<u32> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
 }
 
 impl Tokenizer {

@@ -314,6 +314,34 @@ pub(crate) mod tests {
         );
     }
 
+    /// generate()'s default stop set, read without building the tokenizer where the json files
+    /// name the eos token, and equal to the tokenizer's own where they do not.
+    #[test]
+    fn model_eos_ids_merge_config_generation_config_and_the_eos_token() {
+        let config = r#"{"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "intermediate_size": 8,
+                        "num_attention_heads": 1, "vocab_size": 7, "eos_token_id": 5}"#;
+        let eos = |tokenizer_config: &str| {
+            let dir = TempDir::new();
+            dir.write("tokenizer.json", &word_level_json(false))
+                .write("tokenizer_config.json", tokenizer_config)
+                .write("generation_config.json", r#"{"eos_token_id": [2]}"#)
+                .write("config.json", config);
+            let ids = model_eos_ids(&crate::model::config::ModelConfig::load(&dir.0).unwrap());
+            let merged = eos_ids(&crate::model::config::ModelConfig::load(&dir.0).unwrap(), &Tokenizer::from_dir(&dir.0).unwrap());
+            let mut sorted = merged.clone();
+            sorted.sort();
+            let mut ours = ids.clone();
+            ours.sort();
+            assert_eq!(ours, sorted, "the server's set for {tokenizer_config}");
+            ids
+        };
+        // From added_tokens_decoder, from tokenizer.json's added tokens, from the vocabulary.
+        assert_eq!(eos(r#"{"eos_token": "<eot>", "added_tokens_decoder": {"6": {"content": "<eot>"}}}"#), [5, 2, 6]);
+        assert_eq!(eos(r#"{"eos_token": "<eot>"}"#), [5, 2, 6]);
+        assert_eq!(eos(r#"{"eos_token": "world"}"#), [5, 2, 4]);
+        assert_eq!(eos(r#"{}"#), [5, 2]);
+    }
+
     #[test]
     fn add_bos_token_false_removes_only_the_post_processor_bos() {
         let dir = TempDir::new();
