@@ -11,6 +11,7 @@ export type ErrorCode =
   | 'INVALID_TENSOR'
   | 'INVALID_OPTION'
   | 'INVALID_PROMPT'
+  | 'INVALID_GRAMMAR'
   | 'TOKENIZER_ERROR'
   | 'TEMPLATE_ERROR'
   | 'DOWNLOAD_FAILED'
@@ -206,6 +207,12 @@ export function createModel(weights: Weights, config?: ModelConfigInfo | Record<
 /** `Weights.open` + `createModel` for a folder or `.gguf` file; resolves once loaded, rejects with the load's error. */
 export function loadModel(path: string, options?: LoadOptions): Promise<Model>
 
+/** An output grammar: exactly one key. */
+export type Grammar =
+  | { jsonSchema: Record<string, unknown> | boolean }
+  | { regex: string }
+  | { lark: string }
+
 /** Options of `generate` (Rust: `sample::GenerateOptions`); defaults as in mlx-bun. */
 export interface GenerateOptions {
   /** Tokens to generate at most. Default 512. */
@@ -244,6 +251,14 @@ export interface GenerateOptions {
   logprobs?: boolean
   /** Also report this many most likely alternatives (0–20). */
   topLogprobs?: number
+  /**
+   * Constrains the output to a grammar (llguidance): a JSON schema, a regular expression or a
+   * Lark grammar. Tokens the grammar does not allow next are never sampled; stop tokens only
+   * where the grammar may end; the generation ends by itself (`'stop'`) once the grammar is
+   * complete. A grammar that does not compile → `INVALID_GRAMMAR` when the request is opened.
+   * Reported logprobs are those of the constrained distribution.
+   */
+  grammar?: Grammar
   /**
    * A cache from `model.makeCache()`; its `offset` must be smaller than the prompt's length, it
    * must be this model's and not in use by another generation (else `INVALID_OPTION`, thrown at

@@ -166,6 +166,29 @@ describe('mlx-bun serve on SmolLM2 (real weights)', () => {
     }
   })
 
+  test('response_format: json_object and json_schema answers parse and validate, whole and streamed', async () => {
+    const Ajv = require('ajv')
+    const schema = {
+      type: 'object',
+      properties: { city: { type: 'string', maxLength: 20 }, country: { type: 'string', maxLength: 20 }, population: { type: 'integer', minimum: 0, maximum: 50000000 } },
+      required: ['city', 'country', 'population'],
+      additionalProperties: false,
+    }
+    const messages = [{ role: 'user', content: 'Describe Paris as JSON with city, country and population.' }]
+    const format = { type: 'json_schema', json_schema: { name: 'city', schema, strict: true } }
+    const r = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 80, temperature: 0, response_format: format })
+    assert.equal(r.choices[0].finish_reason, 'stop')
+    const value = JSON.parse(r.choices[0].message.content)
+    assert.ok(new Ajv().validate(schema, value), r.choices[0].message.content)
+    const stream = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 80, temperature: 0, response_format: format, stream: true })
+    let streamed = ''
+    for await (const c of stream) streamed += c.choices[0]?.delta?.content ?? ''
+    assert.equal(streamed, r.choices[0].message.content)
+    const any = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 80, temperature: 0, response_format: { type: 'json_object' } })
+    const obj = JSON.parse(any.choices[0].message.content)
+    assert.ok(obj !== null && typeof obj === 'object' && !Array.isArray(obj))
+  })
+
   test("Python's openai client gets the same answers", async () => {
     const want = await reference(chatPrompt(QUESTION), 8)
     const script = `
@@ -225,7 +248,9 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
       [chat, { model: MODEL, messages: [] }, 400, 'invalid_request_error', /messages: must not be empty/],
       [chat, { model: MODEL, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_request_error', /unknown role/],
       [chat, { model: MODEL, messages: QUESTION, n: 2 }, 400, 'invalid_request_error', /n is not supported/],
-      [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'json_object' } }, 400, 'invalid_request_error', /response_format is not supported/],
+      [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'yaml' } }, 400, 'invalid_request_error', /type must be/],
+      [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'json_schema' } }, 400, 'invalid_request_error', /json_schema is required/],
+      [chat, { model: MODEL, messages: QUESTION, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'nope' } } } }, 400, 'invalid_request_error', /grammar/],
       [chat, { model: MODEL, messages: QUESTION, logit_bias: { abc: 1 } }, 400, 'invalid_request_error', /logit_bias/],
       [chat, { model: MODEL, messages: QUESTION, logit_bias: { 99999999: 1 } }, 400, 'invalid_request_error', /outside the vocabulary/],
       [`${server.url}/v1/completions`, { model: MODEL, prompt: [1, 2, 99999999] }, 400, 'invalid_request_error', /outside the vocabulary/],

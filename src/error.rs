@@ -29,6 +29,9 @@ pub enum Error {
     InvalidOption { option: &'static str, reason: String },
     #[error("{0}")]
     InvalidPrompt(String),
+    /// A grammar (JSON schema, regex, Lark) llguidance cannot compile, or one that gets stuck.
+    #[error("grammar: {0}")]
+    InvalidGrammar(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("chat template: {0}")]
@@ -101,6 +104,7 @@ impl Error {
             Error::Tensor { .. } => "INVALID_TENSOR",
             Error::InvalidOption { .. } => "INVALID_OPTION",
             Error::InvalidPrompt(_) => "INVALID_PROMPT",
+            Error::InvalidGrammar(_) => "INVALID_GRAMMAR",
             Error::Tokenizer(_) => "TOKENIZER_ERROR",
             Error::Template(_) => "TEMPLATE_ERROR",
             Error::Download(_) => "DOWNLOAD_FAILED",

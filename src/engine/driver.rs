@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::caller_cache::CallerCaches;
 use super::generate::{Caches, Generation, PrefixUse};
 use super::admission::{Admission, Lease, Reservation};
-use super::placement::{self, Mechanism};
+use super::placement;
 use super::request::MethodSpec;
 use super::method::{MethodRun, Row, Step};
 use super::resources::{dispose_all, Release};
@@ -245,7 +245,7 @@ impl Driver {
                     }
                     None => Caches::Fresh,
                 };
-                Generation::plan(loaded.expect("looked up above"), prompt, opts, placed.mechanism == Mechanism::Continuous, caches)
+                Generation::plan(loaded.expect("looked up above"), prompt, opts, &placed, caches)
             }
             MethodSpec::Script(script) => script.plan(),
         };

@@ -2,21 +2,26 @@
 //! runs alone or with other rows of its model: prefill chunks first (all prompt tokens but the
 //! last, as mlx-lm does), then one token per step. Decode is pipelined: step n+1's graph is built
 //! and handed to `async_eval` before token n is read back, so graph construction overlaps
-//! evaluation.
+//! evaluation. A row with a grammar cannot be pipelined (the next mask depends on the token
+//! just sampled): it reads each token in the step that samples it, and computes the mask while
+//! MLX runs the step's forward.
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
+use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::caller_cache::{CacheLease, CallerCaches};
 use super::events::{FinishReason, GenerateStats};
 use super::method::{MethodRun, Plan, Row, Step};
+use super::placement::{Mechanism, ResolvedExecution};
 use super::rows::{self, Feed, RowCaches};
 use super::session::{MethodResult, Output};
 use crate::cache::{LayerCache, PrefixCache};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, Logits};
+use crate::sample::grammar::{self, Constraint};
 use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
 
@@ -89,20 +94,39 @@ pub struct Generation {
     stopping: bool,
     generated: u32,
     continuous: bool,
+    /// The request's grammar, when it has one.
+    constraint: Option<Constrained>,
     started: Instant,
     first_token: Option<Instant>,
 }
 
+/// A grammar row's state between its steps.
+struct Constrained {
+    grammar: Constraint,
+    /// Feed forced tokens (the only continuation the grammar allows) with the sampled token in
+    /// one step, instead of one step each (placement's `grammarJump`).
+    jump: bool,
+    /// The tokens the next step feeds: read back already, and consumed by the grammar.
+    next: Vec<u32>,
+    /// The step's logits, until the mask is applied.
+    logits: Option<Array>,
+}
+
 impl Generation {
     /// The plan of a generation: at most `maxTokens` tokens; the run is built when it starts.
-    /// `continuous`: its decode steps may be batched with other generations of the model.
-    /// `caches`: where its caches come from, and go when it ends.
-    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, continuous: bool, caches: Caches) -> Plan {
+    /// `placed`: where placement put it (its decode steps may be batched with other generations
+    /// of the model when continuous). `caches`: where its caches come from, and go when it ends.
+    pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, placed: &ResolvedExecution, caches: Caches) -> Plan {
+        let continuous = placed.mechanism == Mechanism::Continuous;
+        let jump = placed.grammar_jump;
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
                 let mut g = Generation::new(model, prompt, opts)?;
                 g.continuous = continuous;
+                if let Some(c) = &mut g.constraint {
+                    c.jump = jump;
+                }
                 g.start_from(caches)?;
                 Ok(Box::new(g) as Box<dyn MethodRun>)
             }),
@@ -171,7 +195,16 @@ impl Generation {
             .clone()
             .unwrap_or_else(|| model.config().eos_token_ids.clone());
         let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
+        let constraint = match &opts.grammar {
+            Some(spec) => {
+                let env = grammar::env(&model.config().model_path(), model.config().vocab_size)?;
+                let last = *prompt.last().ok_or_else(|| Error::InvalidPrompt("the prompt is empty".into()))?;
+                Some(Constrained { grammar: Constraint::new(&env, spec)?, jump: false, next: vec![last], logits: None })
+            }
+            None => None,
+        };
         Ok(Generation {
+            constraint,
             caches: RowCaches::new(model.new_cache()),
             model,
             prompt,
@@ -268,6 +301,66 @@ impl Generation {
         Ok(Step::Continue)
     }
 
+    /// A grammar row's decode step: the tokens read back last step (the last prompt token
+    /// first), with the logits of the last one.
+    fn propose_constrained(&mut self) -> Option<Feed> {
+        let c = self.constraint.as_mut().expect("a grammar row");
+        if c.next.is_empty() {
+            return None;
+        }
+        let next = std::mem::take(&mut c.next);
+        self.fed = Fed::Token(self.output.len() as u64);
+        Some(Feed { tokens: ids(&next), count: next.len(), logits: Logits::Last })
+    }
+
+    /// With the step's forward running: the grammar's mask, then the token sampled under it
+    /// (queued for evaluation, read back by `publish_constrained`).
+    fn sample_constrained(&mut self) -> Result<()> {
+        let Fed::Token(step) = self.fed else { return Ok(()) };
+        let c = self.constraint.as_mut().expect("a grammar row");
+        let Some(logits) = c.logits.take() else { return Ok(()) };
+        let allowed = c.grammar.mask(&self.eos)?;
+        let logits = grammar::apply(&logits, &allowed)?;
+        let sampled = self.sample(&logits, step)?;
+        self.sampler.push(&sampled.token)?;
+        async_eval(sampled.arrays())?;
+        self.current = Some(sampled);
+        Ok(())
+    }
+
+    /// Publishes the token sampled under the grammar, feeds it to the grammar, and, where the
+    /// grammar then forces what follows, publishes those tokens too and feeds them with it in
+    /// the next step.
+    fn publish_constrained(&mut self, out: &mut Output<'_>) -> Result<Step> {
+        if let Step::Done(r) = self.deliver(out)? {
+            return Ok(Step::Done(r));
+        }
+        let id = *self.output.last().expect("a token was delivered");
+        let c = self.constraint.as_mut().expect("a grammar row");
+        c.grammar.consume(id)?;
+        let mut next = vec![id];
+        if c.jump && !c.grammar.finished() {
+            let forced = c.grammar.forced();
+            let room = (self.opts.max_tokens - self.generated) as usize;
+            for &f in forced.iter().take(room) {
+                self.sampler.push(&Array::from_slice(&[f], &[1]))?;
+                self.output.push(f);
+                out.commit(&[f], None)?;
+                self.generated += 1;
+            }
+            next.extend(forced.iter().take(room));
+        }
+        let c = self.constraint.as_mut().expect("a grammar row");
+        c.next = next;
+        if c.grammar.finished() {
+            return Ok(self.done(FinishReason::Stop));
+        }
+        if self.generated >= self.opts.max_tokens {
+            return Ok(self.done(FinishReason::Length));
+        }
+        Ok(Step::Continue)
+    }
+
     pub fn stats(&self) -> GenerateStats {
         let now = Instant::now();
         let first = self.first_token.unwrap_or(now);
@@ -353,6 +446,9 @@ impl Row for Generation {
             let tokens = ids(&self.prompt[self.prefilled..self.prefilled + n]);
             return Ok(Some(Feed { tokens, count: n, logits: Logits::None }));
         }
+        if self.constraint.is_some() {
+            return Ok(self.propose_constrained());
+        }
         // Queue the next step before reading this one, unless this is the last token allowed.
         let current = self.pending.take();
         let next = self.next_input(current.as_ref());
@@ -369,6 +465,12 @@ impl Row for Generation {
                 self.prefilled += n;
                 Ok(Vec::new())
             }
+            (Fed::Token(_), Some(logits)) if self.constraint.is_some() => {
+                // Its sampling waits for the mask (`overlap`); the forward starts now.
+                let c = self.constraint.as_mut().expect("a grammar row");
+                c.logits = Some(logits.clone());
+                Ok(vec![logits])
+            }
             (&Fed::Token(step), Some(logits)) => {
                 let next = self.sample(&logits, step)?;
                 let arrays = next.arrays().into_iter().cloned().collect();
@@ -380,6 +482,13 @@ impl Row for Generation {
         }
     }
 
+    fn overlap(&mut self) -> Result<()> {
+        if self.constraint.is_some() {
+            self.sample_constrained()?;
+        }
+        Ok(())
+    }
+
     fn publish(&mut self, out: &mut Output<'_>) -> Result<Step> {
         if self.stopping {
             return Ok(self.done(FinishReason::Stop));
@@ -387,6 +496,9 @@ impl Row for Generation {
         if let Fed::Prompt(_) = self.fed {
             out.progress(self.prefilled as f64, Some(self.prompt.len() as f64))?;
             return Ok(Step::Continue);
+        }
+        if self.constraint.is_some() && matches!(self.fed, Fed::Token(_)) {
+            return self.publish_constrained(out);
         }
         self.deliver(out)
     }

@@ -58,6 +58,11 @@ pub trait Row {
     /// The step's logits for its feed, as it asked (`None` if it fed nothing or wanted none);
     /// returns what to evaluate ahead, before anything is read.
     fn accept(&mut self, logits: Option<Array>) -> Result<Vec<Array>>;
+    /// Work to do while the step's forward runs, before any row reads its results (a grammar
+    /// row computes its mask here).
+    fn overlap(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Publishes what it can now; says whether it goes on.
     fn publish(&mut self, out: &mut Output<'_>) -> Result<Step>;
 }

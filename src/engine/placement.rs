@@ -202,12 +202,13 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
     ResolvedExecution { method, mechanism, paged_kv, prompt_cache, checkpoint, fill, compiled_decode, grammar_jump, reasons }
 }
 
-/// What this engine can do: every autoregressive row of a model joins the continuous batch.
-/// Everything else mlx-bun's placement knows (quantized KV, grammar, media, adapters, paged KV,
-/// checkpoints, compiled decode, speculative methods) this engine does not have yet, and the
-/// requests that would need it are refused before they get here (`UNSUPPORTED_OPTION`).
+/// What this engine can do: every autoregressive row of a model joins the continuous batch,
+/// grammar rows included (each row masks its own logits). Everything else mlx-bun's placement
+/// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode, speculative
+/// methods) this engine does not have yet, and the requests that would need it are refused
+/// before they get here (`UNSUPPORTED_OPTION`).
 pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
-    ExecutionCapabilities { method: Method::Autoregressive, continuous, ..Default::default() }
+    ExecutionCapabilities { method: Method::Autoregressive, continuous, grammar_batch: continuous, ..Default::default() }
 }
 
 /// The engine-wide switches this engine has turned on: none of mlx-bun's yet.
@@ -222,6 +223,7 @@ pub fn for_generation(opts: &GenerateOptions) -> ResolvedExecution {
         user_seed: opts.sampling.seed != 0,
         has_logits_extras: !opts.sampling.logit_bias.is_empty(),
         wants_logprobs: opts.wants_logprobs(),
+        has_grammar: opts.grammar.is_some(),
         ..Default::default()
     };
     resolve_execution(&requirements, &capabilities(true), &features())

@@ -132,6 +132,13 @@ pub fn step(rows: &mut [(&mut dyn Row, &mut Output<'_>)], max: usize) -> Vec<Res
     if let Err(e) = async_eval(&queued).map_err(Error::from) {
         return rows.iter().map(|_| Err(e.replicate())).collect();
     }
+    for ((row, _), result) in rows.iter_mut().zip(&mut results) {
+        if result.is_none() {
+            if let Err(e) = row.overlap() {
+                *result = Some(Err(e));
+            }
+        }
+    }
     rows.iter_mut().zip(results).map(|((row, out), result)| result.unwrap_or_else(|| row.publish(out))).collect()
 }
 

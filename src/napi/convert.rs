@@ -8,6 +8,7 @@ use napi_derive::napi;
 use crate::engine::inference::PrefixKey;
 use crate::error::{Error, Result};
 use super::tokenizer::RenderOptionsJs;
+use crate::sample::grammar::GrammarSpec;
 use crate::sample::{GenerateOptions, SamplingOptions};
 use crate::tokenizer::template::RenderOptions;
 
@@ -33,6 +34,8 @@ pub struct GenerateOptionsJs {
     pub seed: Option<f64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<f64>,
+    /// `{ jsonSchema } | { regex } | { lark }`.
+    pub grammar: Option<serde_json::Value>,
     /// Engine requests only: the prefix-cache namespace and the caller's conversation id.
     pub cache_namespace: Option<String>,
     pub session_id: Option<String>,
@@ -97,6 +100,7 @@ impl GenerateOptionsJs {
             },
             logprobs: self.logprobs.unwrap_or(d.logprobs),
             top_logprobs: self.top_logprobs.map(|v| uint("topLogprobs", v)).transpose()?.unwrap_or(d.top_logprobs),
+            grammar: self.grammar.filter(|g| !g.is_null()).map(|g| GrammarSpec::from_json(&g)).transpose()?,
         })
     }
 }

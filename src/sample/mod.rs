@@ -1,4 +1,5 @@
 //! Sampling: options and their validation, the MLX sampler chain, and logprob reporting.
+pub mod grammar;
 pub mod logprobs;
 pub mod options;
 pub mod sampler;

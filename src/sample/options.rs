@@ -1,6 +1,7 @@
 //! Generation options with mlx-bun's names and defaults, validated before any work starts.
 use std::collections::BTreeMap;
 
+use super::grammar::GrammarSpec;
 use crate::error::{Error, Result};
 
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -58,6 +59,8 @@ pub struct GenerateOptions {
     pub logprobs: bool,
     /// Alternatives reported per token (implies `logprobs`).
     pub top_logprobs: u32,
+    /// The output must follow this grammar (`sample::grammar`).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl Default for GenerateOptions {
@@ -69,6 +72,7 @@ impl Default for GenerateOptions {
             sampling: SamplingOptions::default(),
             logprobs: false,
             top_logprobs: 0,
+            grammar: None,
         }
     }
 }
@@ -118,6 +122,9 @@ impl GenerateOptions {
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(Error::option("topLogprobs", format!("must be at most {MAX_TOP_LOGPROBS}, got {}", self.top_logprobs)));
+        }
+        if let Some(g) = &self.grammar {
+            g.check()?;
         }
         Ok(())
     }

@@ -69,7 +69,7 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let status = match &e {
-            Error::InvalidOption { .. } | Error::InvalidPrompt(_) | Error::UnsupportedOption { .. } | Error::Template(_) | Error::Tokenizer(_) => {
+            Error::InvalidOption { .. } | Error::InvalidPrompt(_) | Error::InvalidGrammar(_) | Error::UnsupportedOption { .. } | Error::Template(_) | Error::Tokenizer(_) => {
                 StatusCode::BAD_REQUEST
             }
             Error::AdmissionRejected(_) => StatusCode::TOO_MANY_REQUESTS,

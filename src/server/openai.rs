@@ -19,6 +19,7 @@ use super::app::{check_model, request_id, sse, App};
 use super::body;
 use super::log::LogSlot;
 use crate::engine::FinishReason;
+use crate::sample::grammar::GrammarSpec;
 use crate::sample::logprobs::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 
@@ -105,6 +106,25 @@ fn refuse(present: bool, param: &str, why: &str) -> Result<(), ApiError> {
     }
 }
 
+/// OpenAI's `response_format`: `text` (no grammar), `json_object` (any JSON object) or
+/// `json_schema` (`{ json_schema: { name, schema, strict } }`: a document valid against it).
+fn response_format(f: &Json_) -> Result<Option<GrammarSpec>, ApiError> {
+    let bad = |why: &str| ApiError::param("response_format", why.to_string());
+    match f.get("type").and_then(Json_::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarSpec::JsonSchema(serde_json::json!({ "type": "object" })))),
+        Some("json_schema") => {
+            let schema = f.get("json_schema").ok_or_else(|| bad("json_schema is required with type 'json_schema'"))?;
+            match schema.get("schema") {
+                Some(s) if s.is_object() || s.is_boolean() => Ok(Some(GrammarSpec::JsonSchema(s.clone()))),
+                Some(_) => Err(bad("json_schema.schema must be a JSON schema object")),
+                None => Err(bad("json_schema.schema is required")),
+            }
+        }
+        _ => Err(bad("type must be 'text', 'json_object' or 'json_schema'")),
+    }
+}
+
 fn one_choice(n: Option<u32>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
@@ -116,7 +136,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     let r: ChatRequest = bytes.json()?;
     check_model(&app, &r.model)?;
     one_choice(r.n)?;
-    refuse(r.response_format.is_some(), "response_format", "grammar-constrained decoding is not served yet")?;
+    let grammar = r.response_format.as_ref().map(response_format).transpose()?.flatten();
     let ctx = &app.ctx;
     let tools = match r.tool_choice.as_ref().map(|c| c.as_str()) {
         None | Some(Some("auto")) => r.tools,
@@ -138,7 +158,11 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
         top_logprobs: r.top_logprobs,
         logprobs: r.logprobs.unwrap_or(false),
     };
-    let opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_CHAT_MAX_TOKENS))?;
+    let mut opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_CHAT_MAX_TOKENS))?;
+    if let Some(g) = grammar {
+        g.check().map_err(|e| ApiError { param: Some("response_format".into()), ..ApiError::from(e) })?;
+        opts.grammar = Some(g);
+    }
     log.begin(prompt.len(), r.user);
     let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
     let id = request_id("chatcmpl");

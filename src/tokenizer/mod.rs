@@ -116,6 +116,11 @@ impl Tokenizer {
         }
     }
 
+    /// The `tokenizers` tokenizer itself (for llguidance's vocabulary, `sample::grammar`).
+    pub fn inner(&self) -> &Arc<tokenizers::Tokenizer> {
+        &self.inner
+    }
+
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         let enc = self
             .inner
