@@ -192,6 +192,27 @@ describe('grammar-constrained decoding on SmolLM2 (real weights)', () => {
     }
   })
 
+  test('grammarJump: forced text is fed in one step, the outputs still validate', async () => {
+    const jumping = mlx.createEngine(m.model, { grammarJump: true })
+    try {
+      const picked = [SCHEMAS[0], SCHEMAS[8], SCHEMAS[10]]
+      const before = mlx.testing.batchCounts()
+      const outs = await Promise.all(picked.map(([what, schema]) =>
+        jumping.open({ messages: ask(what, schema), grammar: { jsonSchema: schema }, maxTokens: 160 }, { output: 'collect' }).result))
+      const after = mlx.testing.batchCounts()
+      const generated = outs.reduce((n, o) => n + o.result.metrics.generatedTokens, 0)
+      outs.forEach((o, i) => check(picked[i][0], picked[i][1], { text: m.tokenizer.decode(Array.from(o.output)), finishReason: o.result.finishReason }))
+      // Rows stepped together: fewer row-steps than tokens, as forced tokens ride along.
+      assert.ok(after.rows - before.rows < generated - 6, `${after.rows - before.rows} row-steps for ${generated} tokens`)
+      const placed = mlx.resolveExecution({ hasVision: false, hasAdapters: false, hasRepetitionPenalty: false, userSeed: false, kvQuant: false, turboQuant: false, hasLogitsExtras: false, hasGrammar: true, wantsLogprobs: false, hasDraft: false }, jumping.capabilities, { pagedKv: false, fill: false, grammarJump: true })
+      assert.equal(placed.method, 'speculative')
+      assert.equal(placed.grammarJump, true)
+      assert.throws(() => mlx.createEngine(m.model, { grammarJump: 1 }), { code: 'INVALID_OPTION' })
+    } finally {
+      await jumping.close()
+    }
+  })
+
   test('placement: grammar rows join the continuous batch and use the prefix cache', () => {
     const c = m.engine.capabilities
     assert.equal(c.grammarBatch, true)

@@ -50,10 +50,11 @@ test("an engine reports what it can do, and its requests are placed against that
     const c = engine.capabilities
     assert.equal(c.method, 'autoregressive')
     assert.equal(c.continuous, true)
-    // Grammar rows join the batch; nothing else mlx-bun's placement knows is claimed: this
+    // Grammar rows and grammar proposals join the batch; nothing else mlx-bun's placement knows is claimed: this
     // engine has none of it yet.
     const claimed = Object.entries(c).filter(([k, v]) => v === true && k !== 'continuous').map(([k]) => k)
-    assert.deepEqual(claimed, ['grammarBatch'])
+    assert.deepEqual(claimed, ['grammarBatch', 'sharedGrammarProposals'])
+    assert.deepEqual([...c.groupedMethods], ['autoregressive', 'speculative'])
     const placed = resolveExecution(plain, c)
     assert.equal(placed.mechanism, 'continuous')
     assert.equal(placed.promptCache, true)

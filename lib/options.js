@@ -13,7 +13,7 @@ const OPTION_KEYS = {
   control: new Set(['output', 'onTokens', 'signal']),
   chat: new Set(['addGenerationPrompt', 'tools', 'enableThinking', 'extra']),
   engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
-    'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate']),
+    'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate', 'grammarJump']),
   load: new Set(['f32Matmuls']),
   context: new Set(['f32Matmuls', 'chatTemplate']),
   runtime: new Set([]),

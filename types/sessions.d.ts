@@ -33,6 +33,14 @@ export interface EngineOptions {
   tokenizer?: Tokenizer
   /** Chat template for `messages` requests. Default: the model's own. */
   chatTemplate?: ChatTemplate
+  /**
+   * mlx-bun's `grammarJump`: text a request's grammar forces (a JSON key, a closing brace) is
+   * fed to the model in one step instead of one step per token. Placed as mlx-bun places it:
+   * such requests run as grammar proposals (`method: 'speculative'`) in the batch, without the
+   * prefix cache, and not when they ask for logprobs. The forced text is tokenized canonically,
+   * so tokens may differ from a run without it. Default false.
+   */
+  grammarJump?: boolean
 }
 
 /** One generation request: `promptTokens` or chat `messages`, plus every generate option. */

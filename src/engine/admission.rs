@@ -28,6 +28,8 @@ pub struct EngineOptions {
     pub max_preparation_tokens: usize,
     /// Bytes of layer caches the engine keeps for prompts that start the same way (0: none).
     pub prefix_cache_bytes: u64,
+    /// mlx-bun's `grammarJump` feature: tokens a grammar forces are fed in one step.
+    pub grammar_jump: bool,
 }
 
 /// The prefix cache's default cap, as mlx-bun's server (`promptCacheBytes`).
@@ -46,6 +48,7 @@ impl Default for EngineOptions {
             max_iteration_tokens: 512,
             max_preparation_tokens: 2048,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+            grammar_jump: false,
         }
     }
 }
@@ -96,6 +99,11 @@ impl EngineOptions {
                 Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&f) => f as u64,
                 _ => return Err(Error::option("prefixCacheBytes", format!("must be a non-negative safe integer, got {x}"))),
             },
+        };
+        o.grammar_jump = match map.get("grammarJump") {
+            None => o.grammar_jump,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(x) => return Err(Error::option("grammarJump", format!("must be a boolean, got {x}"))),
         };
         Ok(o)
     }

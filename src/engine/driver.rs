@@ -236,7 +236,7 @@ impl Driver {
         };
         let plan = match self.spec.take().expect("prepared once") {
             MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache } => {
-                let placed = placement::for_generation(&opts);
+                let placed = placement::for_generation(&opts, &placement::features(self.engine.options.grammar_jump));
                 // A caller's own cache replaces the engine's prefix cache.
                 let caches = match cache {
                     Some(lease) => Caches::Caller(lease, caller_caches.clone()),

@@ -203,21 +203,31 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 }
 
 /// What this engine can do: every autoregressive row of a model joins the continuous batch,
-/// grammar rows included (each row masks its own logits). Everything else mlx-bun's placement
-/// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode, speculative
-/// methods) this engine does not have yet, and the requests that would need it are refused
-/// before they get here (`UNSUPPORTED_OPTION`).
+/// grammar rows included (each row masks its own logits), and with them grammar proposals (the
+/// tokens a grammar forces, fed as one multi-token step: mlx-bun places those rows as the
+/// speculative method). Everything else mlx-bun's placement knows (quantized KV, media,
+/// adapters, paged KV, checkpoints, compiled decode, draft models) this engine does not have
+/// yet, and the requests that would need it are refused before they get here
+/// (`UNSUPPORTED_OPTION`).
 pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
-    ExecutionCapabilities { method: Method::Autoregressive, continuous, grammar_batch: continuous, ..Default::default() }
+    ExecutionCapabilities {
+        method: Method::Autoregressive,
+        continuous,
+        grammar_batch: continuous,
+        shared_grammar_proposals: continuous,
+        grouped_methods: continuous.then(|| vec![Method::Autoregressive, Method::Speculative]),
+        ..Default::default()
+    }
 }
 
-/// The engine-wide switches this engine has turned on: none of mlx-bun's yet.
-pub fn features() -> ExecutionFeatures {
-    ExecutionFeatures::default()
+/// The engine-wide switches an engine has turned on: of mlx-bun's, only `grammarJump` (an
+/// engine option).
+pub fn features(grammar_jump: bool) -> ExecutionFeatures {
+    ExecutionFeatures { grammar_jump, ..Default::default() }
 }
 
 /// Where a generation request runs, and whether it uses the prefix cache.
-pub fn for_generation(opts: &GenerateOptions) -> ResolvedExecution {
+pub fn for_generation(opts: &GenerateOptions, features: &ExecutionFeatures) -> ResolvedExecution {
     let requirements = ExecutionRequirements {
         has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
         user_seed: opts.sampling.seed != 0,
@@ -226,7 +236,7 @@ pub fn for_generation(opts: &GenerateOptions) -> ResolvedExecution {
         has_grammar: opts.grammar.is_some(),
         ..Default::default()
     };
-    resolve_execution(&requirements, &capabilities(true), &features())
+    resolve_execution(&requirements, &capabilities(true), features)
 }
 
 #[cfg(test)]
