@@ -260,6 +260,17 @@ export interface GenerateOptions {
    */
   grammar?: Grammar
   /**
+   * Speculative decoding (mlx-lm's `speculative_generate_step`): a smaller model with this
+   * model's vocabulary proposes `numDraftTokens` tokens per step, this model checks them in one
+   * forward and keeps them up to the first it disagrees with. Greedy output is this model's
+   * greedy output; a seeded sampled run is reproducible. A vocabulary of another size →
+   * `INVALID_OPTION`; with `logprobs`, penalties or a `grammar` → `UNSUPPORTED_OPTION` (not yet).
+   * `stats.draftTokens` / `stats.acceptedDraftTokens` count the proposals.
+   */
+  draftModel?: Model
+  /** Proposals per step with a `draftModel`. Default 3 (mlx-lm's). */
+  numDraftTokens?: number
+  /**
    * A cache from `model.makeCache()`; its `offset` must be smaller than the prompt's length, it
    * must be this model's and not in use by another generation (else `INVALID_OPTION`, thrown at
    * once). Such a request does not use the engine's prefix cache.
@@ -291,6 +302,9 @@ export interface GenerateStats {
   decodeMs: number
   cacheTokens: number
   peakMemoryBytes: number
+  /** With a `draftModel`: tokens it proposed, and how many of them the model accepted (else 0). */
+  draftTokens: number
+  acceptedDraftTokens: number
 }
 
 export type FinishReason = 'stop' | 'length' | 'cancelled'

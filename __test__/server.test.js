@@ -5,7 +5,7 @@
 // disconnects, admission, limits, keys and malformed requests; createServer in the addon.
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
-const { spawn, execFileSync } = require('node:child_process')
+const { spawn, spawnSync, execFileSync } = require('node:child_process')
 const fs = require('node:fs')
 const path = require('node:path')
 
@@ -187,6 +187,24 @@ describe('mlx-bun serve on SmolLM2 (real weights)', () => {
     const any = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: 80, temperature: 0, response_format: { type: 'json_object' } })
     const obj = JSON.parse(any.choices[0].message.content)
     assert.ok(obj !== null && typeof obj === 'object' && !Array.isArray(obj))
+  })
+
+  test('--draft-model: speculative decoding behind the same answers; requests it cannot serve decode without it', async () => {
+    const drafted = await serve(['--draft-model', fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf'), '--num-draft-tokens', '2'])
+    try {
+      const client = new OpenAI({ baseURL: `${drafted.url}/v1`, apiKey: 'unused' })
+      const want = await reference(chatPrompt(QUESTION), 16)
+      const r = await client.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 16, temperature: 0 })
+      assert.equal(r.choices[0].message.content, want)
+      const lp = await client.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 4, temperature: 0, logprobs: true })
+      assert.equal(lp.choices[0].logprobs.content.length, lp.usage.completion_tokens)
+    } finally {
+      drafted.child.kill('SIGTERM')
+      await new Promise((r) => drafted.child.on('exit', r))
+    }
+    const bad = spawnSync(path.join(ROOT, 'target', 'release', 'mlx-bun'), ['serve', '--model', fixture(MODEL), '--port', '0', '--draft-model', fixture('gemma3-bf16')], { encoding: 'utf8' })
+    assert.notEqual(bad.status, 0)
+    assert.match(bad.stderr, /vocabulary/)
   })
 
   test("Python's openai client gets the same answers", async () => {

@@ -6,7 +6,7 @@ const { coded } = require('./errors')
 // any other unknown key is INVALID_OPTION, naming the known key it most resembles.
 const GENERATE_KEYS = ['maxTokens', 'prefillChunkSize', 'eosTokenIds', 'temperature', 'topP', 'topK', 'minP', 'minTokensToKeep',
   'repetitionPenalty', 'repetitionContextSize', 'presencePenalty', 'presenceContextSize', 'frequencyPenalty', 'frequencyContextSize',
-  'logitBias', 'seed', 'logprobs', 'topLogprobs', 'cache', 'grammar']
+  'logitBias', 'seed', 'logprobs', 'topLogprobs', 'cache', 'grammar', 'draftModel', 'numDraftTokens']
 const OPTION_KEYS = {
   generate: new Set([...GENERATE_KEYS, 'signal']),
   request: new Set([...GENERATE_KEYS, 'promptTokens', 'messages', 'chat', 'cacheNamespace', 'sessionId']),

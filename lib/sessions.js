@@ -171,15 +171,16 @@ class InferenceEngine {
     checkKeys('request', request)
     checkKeys('control', control)
     if (request.chat != null && typeof request.chat === 'object') checkKeys('chat', request.chat)
-    const { promptTokens, messages, chat, cache, ...options } = request
+    const { promptTokens, messages, chat, cache, draftModel, ...options } = request
     if (cache !== undefined && !(cache instanceof native.KvCache)) throw coded('INVALID_OPTION', 'cache: must be a cache made by model.makeCache()')
+    if (draftModel !== undefined && !(draftModel instanceof native.Model)) throw coded('INVALID_OPTION', 'draftModel: must be a model (createModel, loadModel)')
     const { output = 'stream', onTokens, signal } = control
     if (typeof output !== 'string') throw coded('INVALID_OPTION', `output: must be 'stream', 'collect' or 'callback'`)
     if (onTokens !== undefined && typeof onTokens !== 'function') throw coded('INVALID_OPTION', 'onTokens: must be a function')
     if (signal !== undefined && (signal === null || typeof signal.addEventListener !== 'function')) {
       throw coded('INVALID_OPTION', 'signal: must be an AbortSignal')
     }
-    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function', signal?.aborted === true, cache)
+    const session = this.#native.open(promptTokens ?? null, messages ?? null, chat ?? null, options, output, typeof onTokens === 'function', signal?.aborted === true, cache, draftModel)
     return new GenerationSession(session, output, onTokens, signal)
   }
 

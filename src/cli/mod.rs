@@ -196,6 +196,13 @@ struct ServeArgs {
     /// Which weight matrices are held in f32 for matmuls.
     #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
     f32_matmuls: F32MatmulsArg,
+    /// A smaller model with the same vocabulary that drafts tokens (speculative decoding), for
+    /// requests without logprobs, penalties or a response_format.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Tokens the draft model proposes per step.
+    #[arg(long, default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    num_draft_tokens: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -313,7 +320,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, json: bool, mut opts: Generat
     opts.eos_token_ids = Some(ctx.eos_ids.clone());
     wait_loaded(path, loaded)?;
     let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
-    let session = engine.open(MethodSpec::Generate { model: ctx.model, prompt: ids, opts, prefix: Default::default(), cache: None }, OutputMode::Stream, false)?;
+    let session = engine.open(MethodSpec::Generate { model: ctx.model, prompt: ids, opts, prefix: Default::default(), cache: None, draft: None }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&ctx.tokenizer, true);
     let mut tokens = Vec::new();
     let mut text = String::new();
@@ -364,8 +371,12 @@ fn serve(a: ServeArgs) -> Result<()> {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?),
         None => None,
     };
-    let (ctx, loaded) = ServerContext::open(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
+    let (mut ctx, loaded) = ServerContext::open(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
+    let draft = a.draft_model.as_ref().map(|p| ctx.attach_draft(p, a.num_draft_tokens as usize).map(|l| (p, l))).transpose()?;
     wait_loaded(&model, loaded)?;
+    if let Some((path, loaded)) = draft {
+        wait_loaded(path, loaded)?;
+    }
     let options = ServerOptions {
         host: a.host,
         port: a.port,

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use super::caller_cache::CallerCaches;
 use super::generate::{Caches, Generation, PrefixUse};
 use super::admission::{Admission, Lease, Reservation};
-use super::placement;
+use super::placement::{self, Mechanism, Method};
+use super::speculative::Speculative;
 use super::request::MethodSpec;
-use super::method::{MethodRun, Row, Step};
+use super::method::{MethodRun, Plan, Row, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{catch_panic, Error, Result};
@@ -227,16 +228,28 @@ impl Driver {
 
     fn prepare(&mut self, model: &dyn Fn(u64) -> Result<Option<Rc<dyn LanguageModel>>>, prefix: &Rc<RefCell<PrefixCache>>, caller_caches: &CallerCaches) -> Result<()> {
         // A model whose load is still queued: this unit does nothing, the next one looks again.
-        let loaded = match &self.spec {
-            Some(MethodSpec::Generate { model: id, .. }) => match model(*id)? {
-                Some(m) => Some(m),
-                None => return Ok(()),
-            },
-            _ => None,
+        let (loaded, draft) = match &self.spec {
+            Some(MethodSpec::Generate { model: id, draft, .. }) => {
+                let Some(m) = model(*id)? else { return Ok(()) };
+                let d = match draft {
+                    Some(d) => match model(d.model)? {
+                        Some(dm) => Some((dm, d.tokens)),
+                        None => return Ok(()),
+                    },
+                    None => None,
+                };
+                (Some(m), d)
+            }
+            _ => (None, None),
         };
         let plan = match self.spec.take().expect("prepared once") {
-            MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache } => {
-                let placed = placement::for_generation(&opts, &placement::features(self.engine.options.grammar_jump));
+            MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache, draft: _ } => {
+                let placed = placement::for_generation(&opts, draft.is_some(), &placement::features(self.engine.options.grammar_jump));
+                let continuous = placed.mechanism == Mechanism::Continuous;
+                if let (Some((draft, k)), Method::Speculative) = (draft, placed.method) {
+                    let plan = Speculative::plan(loaded.expect("looked up above"), draft, prompt, opts, k, continuous);
+                    return self.start(plan);
+                }
                 // A caller's own cache replaces the engine's prefix cache.
                 let caches = match cache {
                     Some(lease) => Caches::Caller(lease, caller_caches.clone()),
@@ -249,6 +262,11 @@ impl Driver {
             }
             MethodSpec::Script(script) => script.plan(),
         };
+        self.start(plan)
+    }
+
+    /// Starts the method's run, within the output limit its plan states.
+    fn start(&mut self, plan: Plan) -> Result<()> {
         let limit = plan.output_token_limit;
         if limit.fract() != 0.0 || !(0.0..=MAX_SAFE_INTEGER).contains(&limit) {
             return Err(Error::Protocol(format!(

@@ -25,4 +25,31 @@ pub struct GenerateStats {
     /// Positions in the KV cache at the end: prompt plus forwarded tokens.
     pub cache_tokens: u32,
     pub peak_memory_bytes: u64,
+    /// Speculative decoding: tokens the draft model proposed, and how many of them the target
+    /// accepted (0 without a draft).
+    pub draft_tokens: u32,
+    pub accepted_draft_tokens: u32,
+}
+
+impl GenerateStats {
+    /// The timings of a generation that started at `started` and read its first token at `first`
+    /// (`None`: not yet), with its prompt, generated and cached-position counts.
+    pub fn measured(started: std::time::Instant, first: Option<std::time::Instant>, prompt_tokens: u32, generated_tokens: u32, cache_tokens: u32) -> Self {
+        let now = std::time::Instant::now();
+        let first = first.unwrap_or(now);
+        let prefill = first.duration_since(started).as_secs_f64();
+        let decode = now.duration_since(first).as_secs_f64();
+        let rate = |n: u32, s: f64| if s > 0.0 { f64::from(n) / s } else { 0.0 };
+        GenerateStats {
+            prompt_tokens,
+            generated_tokens,
+            prefill_tps: rate(prompt_tokens, prefill),
+            decode_tps: rate(generated_tokens, decode),
+            prefill_ms: prefill * 1e3,
+            decode_ms: decode * 1e3,
+            cache_tokens,
+            peak_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+            ..Default::default()
+        }
+    }
 }

@@ -362,29 +362,10 @@ impl Generation {
     }
 
     pub fn stats(&self) -> GenerateStats {
-        let now = Instant::now();
-        let first = self.first_token.unwrap_or(now);
-        let prefill = first.duration_since(self.started).as_secs_f64();
-        let decode = now.duration_since(first).as_secs_f64();
-        let prompt_tokens = self.prompt.len() as u32;
+        let positions = self.caches.positions() as u32;
         GenerateStats {
-            prompt_tokens,
             cached_tokens: self.cached as u32,
-            generated_tokens: self.generated,
-            prefill_tps: if prefill > 0.0 {
-                prompt_tokens as f64 / prefill
-            } else {
-                0.0
-            },
-            decode_tps: if decode > 0.0 {
-                self.generated as f64 / decode
-            } else {
-                0.0
-            },
-            prefill_ms: prefill * 1e3,
-            decode_ms: decode * 1e3,
-            cache_tokens: self.caches.positions() as u32,
-            peak_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+            ..GenerateStats::measured(self.started, self.first_token, self.prompt.len() as u32, self.generated, positions)
         }
     }
 }

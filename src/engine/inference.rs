@@ -59,9 +59,12 @@ impl InferenceEngine {
         if self.is_closed() {
             return Err(Error::EngineClosed);
         }
-        if let (MethodSpec::Generate { prompt, opts, .. }, Source::Model { vocab_size, .. }) = (&spec, &self.source) {
+        if let (MethodSpec::Generate { prompt, opts, draft, .. }, Source::Model { vocab_size, .. }) = (&spec, &self.source) {
             validate_prompt(prompt, *vocab_size)?;
             opts.validate(*vocab_size)?;
+            if let Some(d) = draft {
+                d.check(*vocab_size, opts)?;
+            }
         }
         self.admission.admit_session()?;
         let o = self.options();

@@ -43,6 +43,11 @@ pub trait Row {
     /// Whether its steps may run in one graph with other rows of its model (its placement is
     /// continuous).
     fn batchable(&self) -> bool;
+    /// Whether its caches may join a stacked batch cache; a row that trims its caches after a
+    /// step keeps its own, and the rows it steps with then attend row by row.
+    fn stackable(&self) -> bool {
+        true
+    }
     /// Prompt tokens still to prefill before it decodes.
     fn prompt_left(&self) -> usize;
     /// The most prompt tokens one of its steps may take.

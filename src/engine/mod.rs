@@ -1,7 +1,7 @@
 //! The engine: the thread that owns MLX work, sessions (bounded delivery and lifecycle), the
 //! methods they run, and the execution placement policy. Dependencies run one way: the facade
 //! (`inference`) → the thread (`thread`) → its groups and scheduler (`group`, `scheduler`) → each
-//! session's driver (`driver`) → methods (`generate`) → rows and their step executor (`rows`,
+//! session's driver (`driver`) → methods (`generate`, `speculative`) → rows and their step executor (`rows`,
 //! `method`) → models and caches; `admission`,
 //! `request`, `models`, `placement`, `session`, `events` and `caller_cache` are shared below them.
 mod admission;
@@ -18,6 +18,7 @@ mod request;
 mod resources;
 mod rows;
 mod scheduler;
+pub mod speculative;
 pub mod session;
 mod tasks;
 mod thread;
@@ -25,5 +26,6 @@ mod thread;
 pub use events::{FinishReason, GenerateStats};
 pub use group::batch_counts;
 pub use inference::{EngineOptions, InferenceEngine, MethodSpec, Source};
+pub use request::Draft;
 pub use models::ModelId;
 pub use thread::{EngineThread, WeightsSource};

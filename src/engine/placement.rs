@@ -203,11 +203,11 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 }
 
 /// What this engine can do: every autoregressive row of a model joins the continuous batch,
-/// grammar rows included (each row masks its own logits), and with them grammar proposals (the
-/// tokens a grammar forces, fed as one multi-token step: mlx-bun places those rows as the
-/// speculative method). Everything else mlx-bun's placement knows (quantized KV, media,
-/// adapters, paged KV, checkpoints, compiled decode, draft models) this engine does not have
-/// yet, and the requests that would need it are refused before they get here
+/// grammar rows included (each row masks its own logits), and speculative rows: a draft model's
+/// proposals, or grammar proposals (the tokens a grammar forces, fed as one multi-token step:
+/// mlx-bun places those rows as the speculative method). Everything else mlx-bun's placement
+/// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode) this engine does
+/// not have yet, and the requests that would need it are refused before they get here
 /// (`UNSUPPORTED_OPTION`).
 pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
     ExecutionCapabilities {
@@ -227,13 +227,14 @@ pub fn features(grammar_jump: bool) -> ExecutionFeatures {
 }
 
 /// Where a generation request runs, and whether it uses the prefix cache.
-pub fn for_generation(opts: &GenerateOptions, features: &ExecutionFeatures) -> ResolvedExecution {
+pub fn for_generation(opts: &GenerateOptions, has_draft: bool, features: &ExecutionFeatures) -> ResolvedExecution {
     let requirements = ExecutionRequirements {
         has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
         user_seed: opts.sampling.seed != 0,
         has_logits_extras: !opts.sampling.logit_bias.is_empty(),
         wants_logprobs: opts.wants_logprobs(),
         has_grammar: opts.grammar.is_some(),
+        has_draft,
         ..Default::default()
     };
     resolve_execution(&requirements, &capabilities(true), features)

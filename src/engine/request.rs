@@ -2,6 +2,7 @@
 use super::caller_cache::CacheLease;
 use super::method::Script;
 use super::models::ModelId;
+use crate::error::{Error, Result};
 use crate::sample::GenerateOptions;
 
 /// What the engine's sessions run.
@@ -19,6 +20,41 @@ pub struct PrefixKey {
     pub session: Option<String>,
 }
 
+/// Speculative decoding's draft: a model with the target's vocabulary, and how many tokens it
+/// proposes per step.
+#[derive(Debug, Clone, Copy)]
+pub struct Draft {
+    pub model: ModelId,
+    pub tokens: usize,
+    /// The draft's vocabulary size (its logits' width), checked against the target's.
+    pub vocab_size: usize,
+}
+
+impl Draft {
+    /// A draft must share the target's vocabulary; the draft path does not carry logprobs,
+    /// penalties (their history would need each proposal) or grammars.
+    pub fn check(&self, vocab_size: usize, opts: &GenerateOptions) -> Result<()> {
+        if self.vocab_size != vocab_size {
+            return Err(Error::option("draftModel", format!("its vocabulary ({}) is not the model's ({vocab_size})", self.vocab_size)));
+        }
+        if self.tokens == 0 {
+            return Err(Error::option("numDraftTokens", "must be a positive integer"));
+        }
+        let s = &opts.sampling;
+        let unsupported = [
+            (opts.wants_logprobs(), "logprobs"),
+            (s.repetition_penalty > 0.0 && s.repetition_penalty != 1.0, "repetitionPenalty"),
+            (s.presence_penalty != 0.0, "presencePenalty"),
+            (s.frequency_penalty != 0.0, "frequencyPenalty"),
+            (opts.grammar.is_some(), "grammar"),
+        ];
+        match unsupported.iter().find(|(on, _)| *on) {
+            Some((_, name)) => Err(Error::UnsupportedOption { option: (*name).into(), reason: "not with a draftModel (speculative decoding) yet".into() }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One request, already tokenized and validated.
 pub enum MethodSpec {
     Generate {
@@ -28,6 +64,8 @@ pub enum MethodSpec {
         prefix: PrefixKey,
         /// A caller-owned cache (`model.makeCache()`), leased for this request.
         cache: Option<CacheLease>,
+        /// A draft model for speculative decoding.
+        draft: Option<Draft>,
     },
     Script(Script),
 }

@@ -74,6 +74,14 @@ impl RowCaches {
         Ok(Some(caches))
     }
 
+    /// Drops its last `n` positions (tokens a step forwarded that the row did not keep).
+    pub fn trim(&mut self, n: usize) -> Result<()> {
+        for c in self.own()? {
+            c.trim(n);
+        }
+        Ok(())
+    }
+
     /// Replaces the layers (a row that starts from another's prefix).
     pub fn replace(&mut self, layers: Vec<LayerCache>) {
         if let Some(stack) = self.stack.take() {
@@ -169,7 +177,7 @@ fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>])
         }
     };
     let ctx = StepContext { logits: want, check: (want == Logits::None).then_some(&check as &dyn Fn() -> Result<()>) };
-    let out = if want != Logits::None && picked.len() > 1 && model.stackable() {
+    let out = if want != Logits::None && picked.len() > 1 && model.stackable() && picked.iter().all(|r| r.stackable()) {
         let stack = stack(&mut picked)?;
         let mut stack = stack.borrow_mut();
         model.forward(&tokens, CacheView::Stacked(&mut stack), &ctx)?

@@ -6,6 +6,7 @@ use napi::bindgen_prelude::{Either, Uint32Array};
 use napi_derive::napi;
 
 use crate::engine::inference::PrefixKey;
+use crate::engine::speculative::DEFAULT_DRAFT_TOKENS;
 use crate::error::{Error, Result};
 use super::tokenizer::RenderOptionsJs;
 use crate::sample::grammar::GrammarSpec;
@@ -36,6 +37,8 @@ pub struct GenerateOptionsJs {
     pub top_logprobs: Option<f64>,
     /// `{ jsonSchema } | { regex } | { lark }`.
     pub grammar: Option<serde_json::Value>,
+    /// Proposals per step with a `draftModel` (the model itself is a separate argument).
+    pub num_draft_tokens: Option<f64>,
     /// Engine requests only: the prefix-cache namespace and the caller's conversation id.
     pub cache_namespace: Option<String>,
     pub session_id: Option<String>,
@@ -56,6 +59,11 @@ fn positive(name: &'static str, v: f64) -> Result<u32> {
 }
 
 impl GenerateOptionsJs {
+    /// `numDraftTokens`, taken out of the options (mlx-lm's default when absent).
+    pub fn take_draft_tokens(&mut self) -> Result<usize> {
+        Ok(self.num_draft_tokens.take().map(|v| positive("numDraftTokens", v)).transpose()?.map_or(DEFAULT_DRAFT_TOKENS, |n| n as usize))
+    }
+
     /// `cacheNamespace` and `sessionId`, taken out of the options.
     pub fn take_prefix_key(&mut self) -> PrefixKey {
         PrefixKey { namespace: self.cache_namespace.take().unwrap_or_default(), session: self.session_id.take() }

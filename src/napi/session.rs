@@ -17,7 +17,7 @@ use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
 use crate::engine::inference::live_sessions;
 use crate::engine::method::Script;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
-use crate::engine::{batch_counts, EngineOptions, InferenceEngine, MethodSpec, Source};
+use crate::engine::{batch_counts, Draft, EngineOptions, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::sample::logprobs::TokenLogprobs;
 use crate::tokenizer::{load_tokenizer, ChatTemplate as CoreTemplate, Tokenizer as CoreTokenizer};
@@ -142,8 +142,16 @@ impl NativeEngine {
         Ok(self.chat.get_or_init(|| (tokenizer, self.template.clone().or(template))))
     }
 
-    fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, mut opts: GenerateOptionsJs, cache: Option<&KvCache>) -> Result<MethodSpec> {
+    fn spec(&self, prompt: Option<Either<Uint32Array, Vec<f64>>>, messages: Option<Value>, chat: Option<RenderOptionsJs>, mut opts: GenerateOptionsJs, cache: Option<&KvCache>, draft: Option<&Model>) -> Result<MethodSpec> {
         let prefix = opts.take_prefix_key();
+        let draft_tokens = opts.take_draft_tokens()?;
+        let draft = match draft {
+            Some(m) => {
+                let (model, config, _) = m.handle().map_err(|e| Error::option("draftModel", e.reason.clone()))?;
+                Some(Draft { model, tokens: draft_tokens, vocab_size: config.vocab_size })
+            }
+            None => None,
+        };
         let opts = opts.into_options()?;
         let Source::Model { id, .. } = &self.inner.source else {
             let Source::Script(script) = &self.inner.source else { unreachable!() };
@@ -162,7 +170,7 @@ impl NativeEngine {
             _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
         };
         let cache = cache.map(|c| c.handle().lease(*id, prompt.len())).transpose()?;
-        Ok(MethodSpec::Generate { model: *id, prompt, opts, prefix, cache })
+        Ok(MethodSpec::Generate { model: *id, prompt, opts, prefix, cache, draft })
     }
 }
 
@@ -180,6 +188,7 @@ impl NativeEngine {
         has_on_tokens: bool,
         aborted: bool,
         cache: Option<&KvCache>,
+        draft_model: Option<&Model>,
     ) -> napi::Result<NativeSession> {
         let open = || -> Result<Arc<Session>> {
             if self.model_disposed.as_ref().is_some_and(|d| d.load(Ordering::Acquire)) {
@@ -189,7 +198,7 @@ impl NativeEngine {
             if mode == OutputMode::Callback && !has_on_tokens {
                 return Err(Error::option("onTokens", "a function is required with output 'callback'"));
             }
-            let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default(), cache)?;
+            let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default(), cache, draft_model)?;
             self.inner.open(spec, mode, aborted)
         };
         open().map(|inner| NativeSession { inner, held: Arc::default() }).map_err(js_error)

@@ -7,7 +7,7 @@ use serde_json::Value as Json;
 
 use tokio::sync::oneshot;
 
-use crate::engine::{EngineThread, ModelId};
+use crate::engine::{Draft, EngineThread, ModelId};
 use crate::error::{Error, Result};
 use crate::fit::ModelFit;
 use crate::model::open_source;
@@ -45,6 +45,8 @@ pub struct ServerContext {
     pub created: u64,
     /// The model's geometry and weight bytes, for `GET /fit`.
     pub fit: ModelFit,
+    /// A draft model for speculative decoding (`--draft-model`).
+    pub draft: Option<Draft>,
 }
 
 pub use crate::tokenizer::eos_ids;
@@ -71,13 +73,29 @@ impl ServerContext {
             name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
         });
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit }, loaded))
+        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit, draft: None }, loaded))
+    }
+
+    /// Queues the load of a draft model (speculative decoding, `tokens` proposals per step) for
+    /// the requests it can serve; it must share the model's vocabulary.
+    pub fn attach_draft(&mut self, path: &Path, tokens: usize) -> Result<oneshot::Receiver<Result<()>>> {
+        let (weights, config) = open_source(path)?;
+        if config.vocab_size != self.vocab_size {
+            return Err(Error::option("draftModel", format!("{}: its vocabulary ({}) is not the model's ({})", path.display(), config.vocab_size, self.vocab_size)));
+        }
+        let vocab_size = config.vocab_size;
+        let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
+        self.draft = Some(Draft { model, tokens, vocab_size });
+        Ok(loaded)
     }
 }
 
 impl Drop for ServerContext {
     fn drop(&mut self) {
         EngineThread::get().unload(self.model);
+        if let Some(d) = &self.draft {
+            EngineThread::get().unload(d.model);
+        }
     }
 }
 

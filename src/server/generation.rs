@@ -57,7 +57,9 @@ impl Run {
     /// Opens the session (admission may refuse it: `429`).
     pub fn start(engine: &Arc<InferenceEngine>, ctx: &ServerContext, prompt: Vec<u32>, opts: GenerateOptions, stop: Vec<String>) -> Result<Run, ApiError> {
         let logprobs = opts.wants_logprobs();
-        let spec = MethodSpec::Generate { model: ctx.model, prompt, opts, prefix: Default::default(), cache: None };
+        // The server's draft serves the requests it can; the others decode without it.
+        let draft = ctx.draft.filter(|d| d.check(ctx.vocab_size, &opts).is_ok());
+        let spec = MethodSpec::Generate { model: ctx.model, prompt, opts, prefix: Default::default(), cache: None, draft };
         let session = engine.open(spec, OutputMode::Stream, false)?;
         session.claim_reader()?;
         Ok(Run {
