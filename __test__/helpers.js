@@ -58,6 +58,26 @@ function toBf16({ shape, data }) {
   return { shape, dtype: 'BF16', data: Uint16Array.from(bits, (u) => (u + 0x7fff + ((u >>> 16) & 1)) >>> 16) }
 }
 
+/**
+ * A byte-level BPE tokenizer of 256 tokens (one per byte, no merges, no special tokens) beside a
+ * tiny model, for features that need a tokenizer (grammars).
+ */
+function writeByteTokenizer(dir) {
+  const shown = []
+  let next = 256
+  for (let b = 0; b < 256; b++) {
+    const selfMapped = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
+    shown.push(String.fromCharCode(selfMapped ? b : next++))
+  }
+  const byteLevel = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true }
+  const tokenizer = {
+    version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null, pre_tokenizer: byteLevel, post_processor: null, decoder: byteLevel,
+    model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab: Object.fromEntries(shown.map((c, i) => [c, i])), merges: [] },
+  }
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tokenizer))
+  return dir
+}
+
 /** A tiny random-weight llama folder (config.json + model.safetensors), no tokenizer; `bf16`
  * stores every tensor in bf16, `dims` overrides TINY's sizes. */
 function makeTinyLlama(dir, seed = 1, { omit = [], bf16 = false, dims = {} } = {}) {
@@ -160,4 +180,4 @@ async function collect(gen) {
   return { tokens, gen }
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeGguf, writeSafetensors, collect, expectCode, TINY }
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, TINY }

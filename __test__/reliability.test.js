@@ -10,7 +10,7 @@ const path = require('node:path')
 const { spawn } = require('node:child_process')
 
 const mlx = require('..')
-const { makeTinyLlama, tmpdir, collect, within, fixture, expectCode, ROOT } = require('./helpers')
+const { makeTinyLlama, writeByteTokenizer, tmpdir, collect, within, fixture, expectCode, ROOT } = require('./helpers')
 
 describe('panics are contained', () => {
   let dir, model, expected
@@ -62,7 +62,7 @@ describe('no option is silently ignored', () => {
   let dir, model
   before(async () => {
     dir = tmpdir('options')
-    model = await mlx.loadModel(makeTinyLlama(path.join(dir, 'ok')))
+    model = await mlx.loadModel(writeByteTokenizer(makeTinyLlama(path.join(dir, 'ok'))))
   })
   after(() => model.dispose())
 
@@ -77,6 +77,9 @@ describe('no option is silently ignored', () => {
     repetitionPenalty: 1.1, repetitionContextSize: 4, presencePenalty: 0.1, presenceContextSize: 4, frequencyPenalty: 0.1,
     frequencyContextSize: 4, logitBias: { 3: 1 }, seed: 5, logprobs: true, topLogprobs: 2, signal: new AbortController().signal,
     cache: () => model.makeCache(),
+    grammar: { regex: '[a-z]{1,2}' },
+    draftModel: () => model,
+    numDraftTokens: 2,
   }
 
   test('every generate() option in index.d.ts is accepted', async () => {
@@ -84,7 +87,7 @@ describe('no option is silently ignored', () => {
     assert.ok(keys.length >= 19, keys.join())
     for (const key of keys) {
       assert.ok(Object.hasOwn(valid, key), `no valid value for declared option ${key}`)
-      const value = key === 'cache' ? valid.cache() : valid[key]
+      const value = typeof valid[key] === 'function' ? valid[key]() : valid[key]
       const { tokens } = await collect(mlx.generate(model, [1, 2], { maxTokens: 2, [key]: value }))
       assert.ok(tokens.length <= 2, key)
     }

@@ -135,7 +135,18 @@ fn build(path: &Path, vocab: usize) -> Result<Arc<GrammarEnv>> {
             words.push(name);
         }
         let eos = tokenizer.eos_token_ids().to_vec();
-        let info = TokRxInfo::new(size as u32, eos.first().copied().unwrap_or(0));
+        // llguidance needs an end-of-sequence id: a tokenizer without one gets a special token
+        // past the logits, which no mask can allow.
+        let trie_eos = match eos.first() {
+            Some(&id) => id,
+            None => {
+                let mut name = b".<|no eos|>".to_vec();
+                name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+                words.push(name);
+                (words.len() - 1) as u32
+            }
+        };
+        let info = TokRxInfo::new(words.len() as u32, trie_eos);
         let mut trie = TokTrie::from(&info, &words);
         if eos.len() > 1 {
             trie = trie.with_eos_tokens(&eos);
