@@ -268,7 +268,7 @@ export interface GenerateOptions {
    * `stats.draftTokens` / `stats.acceptedDraftTokens` count the proposals.
    */
   draftModel?: Model
-  /** Proposals per step with a `draftModel`. Default 3 (mlx-lm's). */
+  /** Proposals per step with a `draftModel`, 1 to 64. Default 3 (mlx-lm's). */
   numDraftTokens?: number
   /**
    * A cache from `model.makeCache()`; its `offset` must be smaller than the prompt's length, it

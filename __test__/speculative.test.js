@@ -98,6 +98,7 @@ describe('speculative decoding on SmolLM2 (real weights)', () => {
     }
     assert.throws(() => engine.open({ ...p, draftModel: {} }), { code: 'INVALID_OPTION' })
     assert.throws(() => engine.open({ ...p, draftModel: gguf, numDraftTokens: 0 }), { code: 'INVALID_OPTION' })
+    assert.throws(() => engine.open({ ...p, draftModel: gguf, numDraftTokens: 65 }), { code: 'INVALID_OPTION', message: /numDraftTokens: must be an integer from 1 to 64/ })
     for (const extra of [{ logprobs: true }, { repetitionPenalty: 1.2 }, { grammar: { regex: 'a' } }]) {
       assert.throws(() => engine.open({ ...p, draftModel: gguf, ...extra }), { code: 'UNSUPPORTED_OPTION' }, JSON.stringify(extra))
     }

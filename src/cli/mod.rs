@@ -200,8 +200,8 @@ struct ServeArgs {
     /// requests without logprobs, penalties or a response_format.
     #[arg(long)]
     draft_model: Option<PathBuf>,
-    /// Tokens the draft model proposes per step.
-    #[arg(long, default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Tokens the draft model proposes per step (1 to 64).
+    #[arg(long, default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=crate::engine::speculative::MAX_DRAFT_TOKENS as i64))]
     num_draft_tokens: u32,
 }
 

@@ -487,8 +487,7 @@ impl Row for Generation {
 
 impl MethodRun for Generation {
     fn step(&mut self, out: &mut Output<'_>) -> Result<Step> {
-        let max = self.chunk_limit();
-        rows::step(&mut [(self as &mut dyn Row, out)], max).pop().expect("one row")
+        rows::step_alone(self, out)
     }
 
     fn metrics(&self) -> GenerateStats {

@@ -2,6 +2,7 @@
 use super::caller_cache::CacheLease;
 use super::method::Script;
 use super::models::ModelId;
+use super::speculative::MAX_DRAFT_TOKENS;
 use crate::error::{Error, Result};
 use crate::sample::GenerateOptions;
 
@@ -37,8 +38,8 @@ impl Draft {
         if self.vocab_size != vocab_size {
             return Err(Error::option("draftModel", format!("its vocabulary ({}) is not the model's ({vocab_size})", self.vocab_size)));
         }
-        if self.tokens == 0 {
-            return Err(Error::option("numDraftTokens", "must be a positive integer"));
+        if self.tokens == 0 || self.tokens > MAX_DRAFT_TOKENS {
+            return Err(Error::option("numDraftTokens", format!("must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {}", self.tokens)));
         }
         let s = &opts.sampling;
         let unsupported = [

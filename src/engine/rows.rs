@@ -150,6 +150,13 @@ pub fn step(rows: &mut [(&mut dyn Row, &mut Output<'_>)], max: usize) -> Vec<Res
     rows.iter_mut().zip(results).map(|((row, out), result)| result.unwrap_or_else(|| row.publish(out))).collect()
 }
 
+/// One step of `row` alone, feeding at most its own prefill chunk.
+pub fn step_alone(row: &mut dyn Row, out: &mut Output<'_>) -> Result<Step> {
+    let max = row.chunk_limit();
+    let mut results = step(&mut [(row, out)], max);
+    results.pop().unwrap_or_else(|| Err(Error::Internal("a step of one row returned no result".into())))
+}
+
 /// The forward of every feed, in one graph; each fed row's logits as it asked (the last column
 /// [1, V], or every column of its feed [n, V]).
 fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>]) -> Result<Vec<Option<Array>>> {

@@ -25,6 +25,8 @@ use crate::sample::{GenerateOptions, Sampler};
 
 /// mlx-lm's `generate --num-draft-tokens` default.
 pub const DEFAULT_DRAFT_TOKENS: usize = 3;
+/// The most proposals per step: each is a draft forward chained into one graph.
+pub const MAX_DRAFT_TOKENS: usize = 64;
 
 /// The draft samples with its own key stream, so its draws never repeat the target's.
 const DRAFT_SEED: u64 = 0x5be0_cd19_137e_2179;
@@ -159,7 +161,10 @@ impl Speculative {
         // The target forwarded its last token and k proposals: it keeps n of them. The draft
         // forwarded what it lacked and its first k - 1 proposals.
         self.caches.trim(k - n)?;
-        if n < k {
+        if k == 0 {
+            // Nothing was proposed: the draft still lacks what it lacked, and the new token.
+            self.draft_input.push(verified[0]);
+        } else if n < k {
             for c in &mut self.draft_caches {
                 c.trim(k - 1 - n);
             }
@@ -289,8 +294,7 @@ impl Row for Speculative {
 
 impl MethodRun for Speculative {
     fn step(&mut self, out: &mut Output<'_>) -> Result<Step> {
-        let max = self.chunk_limit();
-        rows::step(&mut [(self as &mut dyn Row, out)], max).pop().expect("one row")
+        rows::step_alone(self, out)
     }
 
     fn metrics(&self) -> GenerateStats {
