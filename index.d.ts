@@ -305,6 +305,28 @@ export interface GenerateStats {
   /** With a `draftModel`: tokens it proposed, and how many of them the model accepted (else 0). */
   draftTokens: number
   acceptedDraftTokens: number
+  /** Set when the request ran with the engine's `fill`. */
+  fill?: FillStats
+}
+
+/** What fill appended to one request. */
+export interface FillStats {
+  /** Proposals that put at least one token into the output. */
+  events: number
+  /** Tokens appended from proposals: from strict rows, and from the echo index. */
+  injected: number
+  strict: number
+  echo: number
+  /** Verified proposals forwarded, and their tokens kept and dropped. */
+  verifyEvents: number
+  verifyAccepted: number
+  verifyRejected: number
+  /** Proposals a clamp shortened (stop token, delimiter, span limit, budget). */
+  indexTruncated: number
+  /** Echo spans that stopped where earlier occurrences disagreed. */
+  branchStops: number
+  /** Tokens the model sampled itself. */
+  decodeSteps: number
 }
 
 export type FinishReason = 'stop' | 'length' | 'cancelled'

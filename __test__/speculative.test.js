@@ -99,9 +99,15 @@ describe('speculative decoding on SmolLM2 (real weights)', () => {
     assert.throws(() => engine.open({ ...p, draftModel: {} }), { code: 'INVALID_OPTION' })
     assert.throws(() => engine.open({ ...p, draftModel: gguf, numDraftTokens: 0 }), { code: 'INVALID_OPTION' })
     assert.throws(() => engine.open({ ...p, draftModel: gguf, numDraftTokens: 65 }), { code: 'INVALID_OPTION', message: /numDraftTokens: must be an integer from 1 to 64/ })
-    for (const extra of [{ logprobs: true }, { repetitionPenalty: 1.2 }, { grammar: { regex: 'a' } }]) {
+    for (const extra of [{ logprobs: true }, { grammar: { regex: 'a' } }]) {
       assert.throws(() => engine.open({ ...p, draftModel: gguf, ...extra }), { code: 'UNSUPPORTED_OPTION' }, JSON.stringify(extra))
     }
+    // Penalties: each position is sampled with the proposals before it in the penalty history.
+    const r = ref.results[2]
+    const penalized = { repetitionPenalty: 1.3, frequencyPenalty: 0.3, maxTokens: 24 }
+    const [want, got] = await Promise.all([open(r, penalized), open(r, { ...penalized, draftModel: gguf })])
+    assert.deepEqual(Array.from(got.output), Array.from(want.output))
+    assert.ok(got.result.metrics.acceptedDraftTokens > 0)
     const gen = mlx.generate(target, ref.results[0].prompt_ids, { draftModel: gguf, maxTokens: 8 })
     const tokens = []
     for await (const t of gen) tokens.push(t.token)

@@ -20,9 +20,10 @@ echo "== bun test"
 #   they check numbers the Rust core computes; the JavaScript they pass through (generate()'s
 #   iterator) runs under Bun in the generate and session suites;
 # - the prefix-cache suite (5 min of real-weight prefill) and the server load test (64 clients of
-#   a server process), the grammar and speculative suites (2 min each of real-weight decoding):
+#   a server process), the grammar, speculative and fill suites (2 min each of real-weight
+#   decoding):
 #   Rust behaviour with no runtime-specific code;
 # - the package test, which installs the packed tarballs with npm and with bun and runs Bun itself.
 node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e parity.test.js -e gemma.test.js \
   -e prefix-cache.test.js -e server-load.test.js -e package.test.js -e grammar.test.js \
-  -e speculative.test.js)
+  -e speculative.test.js -e fill.test.js)

@@ -1,5 +1,6 @@
 // Types of the HTTP server: loadContext, createServer (Rust: src/server).
 import type { ChatTemplate, LoadOptions } from '../index'
+import type { FillMode, FillOptions } from './sessions'
 
 /** A model to serve over HTTP (mlx-bun's `ServerContext`): its tokenizer, chat template and the sampling defaults of its `generation_config.json`. */
 export interface ServerContext {
@@ -47,6 +48,8 @@ export interface ServerOptions {
   log?: 'text' | 'json' | 'off'
   /** How long `close()` lets in-flight requests finish before it cancels them; default 10 000. */
   shutdownGraceMs?: number
+  /** The engine's `fill` (see `EngineOptions.fill`); default `MLX_BUN_FILL`, else off. */
+  fill?: FillMode | FillOptions
 }
 
 /** A running HTTP server. Like `Bun.serve`'s, it keeps the process alive until `close()`. */

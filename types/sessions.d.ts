@@ -41,6 +41,33 @@ export interface EngineOptions {
    * so tokens may differ from a run without it. Default false.
    */
   grammarJump?: boolean
+  /**
+   * mlx-bun's fill (`MLX_BUN_FILL` and its `_MAX_SPAN`, `_K`, `_CANDIDATES`, `_INDEX_MAX`,
+   * `_TRACE` variables give the default; this option overrides them). `'echo'`: when the last
+   * `k` tokens occurred earlier in the prompt or output, what followed them there is appended in
+   * one step and only the prefix the model itself would produce is kept, so outputs are those of
+   * a run without fill (greedy and seeded sampling alike) while edits and rewrites of the prompt's
+   * text take fewer steps. `'strict'`: strict template rows only (none are compiled yet, see
+   * README). Requests with a grammar or logprobs run without it; `stats.fill` counts what it did.
+   * Default `'off'`.
+   */
+  fill?: FillMode | FillOptions
+}
+
+export type FillMode = 'off' | 'strict' | 'echo'
+
+export interface FillOptions {
+  mode?: FillMode
+  /** Longest span appended at once, 2–512. Default 32. */
+  maxSpan?: number
+  /** Tokens an echo match needs, 2–64. Default 8. */
+  k?: number
+  /** Earlier occurrences (the nearest) an echo span consults, 1–1024. Default 24. */
+  candidates?: number
+  /** Tokens the echo index holds, 1024–2^24. Default 131072. */
+  indexMax?: number
+  /** A JSON-lines file that gets one record per proposal (proposed and sampled ids). */
+  trace?: string | null
 }
 
 /** One generation request: `promptTokens` or chat `messages`, plus every generate option. */

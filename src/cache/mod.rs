@@ -88,6 +88,15 @@ impl LayerCache {
         }
     }
 
+    /// Whether, after `n` more positions, the last of them could still be forgotten (a sliding
+    /// window cache cannot once it wraps).
+    pub fn trimmable_after(&self, n: usize) -> bool {
+        match self {
+            LayerCache::Plain(_) => true,
+            LayerCache::Rotating(c) => c.offset() + n < c.max_size(),
+        }
+    }
+
     /// Forgets the last `n` positions; returns how many it could.
     pub fn trim(&mut self, n: usize) -> usize {
         match self {

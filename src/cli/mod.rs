@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::engine::fill::FillConfig;
 use crate::engine::session::{OutputMode, SessionEvent};
 use crate::engine::{EngineOptions, EngineThread, FinishReason, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
@@ -197,9 +198,14 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
     f32_matmuls: F32MatmulsArg,
     /// A smaller model with the same vocabulary that drafts tokens (speculative decoding), for
-    /// requests without logprobs, penalties or a response_format.
+    /// requests without logprobs or a response_format.
     #[arg(long)]
     draft_model: Option<PathBuf>,
+    /// mlx-bun's fill: append spans the request already contains (echo: edits, refactors,
+    /// quotes) in one step each, keeping only what the model itself would produce. Default:
+    /// MLX_BUN_FILL, else off.
+    #[arg(long, value_parser = ["off", "strict", "echo"])]
+    fill: Option<String>,
     /// Tokens the draft model proposes per step (1 to 64).
     #[arg(long, default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=crate::engine::speculative::MAX_DRAFT_TOKENS as i64))]
     num_draft_tokens: u32,
@@ -395,6 +401,10 @@ fn serve(a: ServeArgs) -> Result<()> {
         prompt_cache_bytes: a.prompt_cache_bytes,
         batch: a.batch as usize,
         max_queued: a.max_queued as usize,
+        fill: match &a.fill {
+            Some(mode) => FillConfig::from_json(&serde_json::Value::String(mode.clone()), FillConfig::from_env()?)?,
+            None => FillConfig::from_env()?,
+        },
         ..Default::default()
     };
     let id = ctx.id.clone();

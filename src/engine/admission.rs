@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fill::FillConfig;
 use crate::cache::PrefixStats;
 use crate::error::{Error, Result};
 
 /// Limits of an engine; mlx-bun's defaults.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// `None`: idle consumers are never cancelled (used by `generate()`).
     pub idle_timeout: Option<Duration>,
@@ -30,6 +31,8 @@ pub struct EngineOptions {
     pub prefix_cache_bytes: u64,
     /// mlx-bun's `grammarJump` feature: tokens a grammar forces are fed in one step.
     pub grammar_jump: bool,
+    /// mlx-bun's fill feature (`MLX_BUN_FILL*`, or the option `fill`).
+    pub fill: FillConfig,
 }
 
 /// The prefix cache's default cap, as mlx-bun's server (`promptCacheBytes`).
@@ -49,6 +52,7 @@ impl Default for EngineOptions {
             max_preparation_tokens: 2048,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             grammar_jump: false,
+            fill: FillConfig::default(),
         }
     }
 }
@@ -57,7 +61,7 @@ impl EngineOptions {
     /// Reads mlx-bun's option names from a JSON object; each given value must be a positive
     /// safe integer. Unknown keys are left to the caller (the binding passes only these).
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {
-        let mut o = EngineOptions::default();
+        let mut o = EngineOptions { fill: FillConfig::from_env()?, ..EngineOptions::default() };
         let Some(map) = v.as_object() else {
             return if v.is_null() {
                 Ok(o)
@@ -105,6 +109,9 @@ impl EngineOptions {
             Some(serde_json::Value::Bool(b)) => *b,
             Some(x) => return Err(Error::option("grammarJump", format!("must be a boolean, got {x}"))),
         };
+        if let Some(f) = map.get("fill") {
+            o.fill = FillConfig::from_json(f, o.fill)?;
+        }
         Ok(o)
     }
 }

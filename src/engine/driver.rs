@@ -244,10 +244,13 @@ impl Driver {
         };
         let plan = match self.spec.take().expect("prepared once") {
             MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache, draft: _ } => {
-                let placed = placement::for_generation(&opts, draft.is_some(), &placement::features(self.engine.options.grammar_jump));
+                let options = &self.engine.options;
+                let placed = placement::for_generation(&opts, draft.is_some(), &placement::features(options.grammar_jump, options.fill.enabled()));
                 let continuous = placed.mechanism == Mechanism::Continuous;
-                if let (Some((draft, k)), Method::Speculative) = (draft, placed.method) {
-                    let plan = Speculative::plan(loaded.expect("looked up above"), draft, prompt, opts, k, continuous);
+                let fill = placed.fill.then(|| options.fill.clone());
+                let model = loaded.expect("looked up above");
+                if let (Some(draft), Method::Speculative) = (&draft, placed.method) {
+                    let plan = Speculative::plan(model, Some(draft.clone()), fill, prompt, opts, continuous, Caches::Fresh);
                     return self.start(plan);
                 }
                 // A caller's own cache replaces the engine's prefix cache.
@@ -258,7 +261,10 @@ impl Driver {
                     }
                     None => Caches::Fresh,
                 };
-                Generation::plan(loaded.expect("looked up above"), prompt, opts, &placed, caches)
+                match fill {
+                    Some(fill) => Speculative::plan(model, None, Some(fill), prompt, opts, continuous, caches),
+                    None => Generation::plan(model, prompt, opts, &placed, caches),
+                }
             }
             MethodSpec::Script(script) => script.plan(),
         };

@@ -1,6 +1,8 @@
 //! What a finished generation reports: why it stopped and its timings.
 use serde::{Deserialize, Serialize};
 
+use super::fill::FillStats;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
@@ -29,6 +31,9 @@ pub struct GenerateStats {
     /// accepted (0 without a draft).
     pub draft_tokens: u32,
     pub accepted_draft_tokens: u32,
+    /// What fill appended (engine option `fill`), when the request was placed with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill: Option<FillStats>,
 }
 
 impl GenerateStats {

@@ -70,6 +70,64 @@ pub struct PrefixUse {
     pub session: Option<String>,
 }
 
+impl Caches {
+    /// Puts the caches it holds for `prompt` in `caches`; returns the prompt tokens they hold.
+    pub(super) fn open(&self, prompt: &[u32], caches: &mut RowCaches) -> Result<Option<usize>> {
+        let found = match self {
+            Caches::Fresh => None,
+            Caches::Prefix(p) => p.cache.borrow_mut().take(prompt, &p.namespace, p.session.as_deref()).map(|hit| (hit.caches, hit.tokens)),
+            Caches::Caller(lease, store) => lease.take(store).map(|c| {
+                let held = c.first().map_or(0, LayerCache::offset);
+                (c, held)
+            }),
+        };
+        let Some((layers, held)) = found else { return Ok(None) };
+        // The caller's cache was checked against the prompt when the request was opened.
+        if held >= prompt.len() {
+            return Err(Error::Internal(format!("a cache of {held} positions for a prompt of {}", prompt.len())));
+        }
+        caches.replace(layers);
+        Ok(Some(held))
+    }
+
+    /// Hands the caches on when the row is closed: to their caller (always, holding the prompt
+    /// and every token forwarded), or to the prefix cache (when it `ended` whole), keyed by the
+    /// first tokens of `sequence` (prompt, then output).
+    pub(super) fn close(self, caches: &mut RowCaches, sequence: impl Iterator<Item = u32>, ended: bool) -> Result<()> {
+        if matches!(self, Caches::Fresh) || (matches!(self, Caches::Prefix(_)) && !ended) {
+            return Ok(());
+        }
+        match (self, caches.take()) {
+            (Caches::Caller(lease, _), Err(e)) => {
+                lease.lose();
+                Err(e)
+            }
+            (Caches::Caller(lease, store), Ok(layers)) => {
+                lease.give_back(&store, layers);
+                Ok(())
+            }
+            (Caches::Prefix(p), layers) => {
+                let layers = layers?;
+                let n = layers.first().map_or(0, LayerCache::offset);
+                let tokens: Vec<u32> = sequence.take(n).collect();
+                if tokens.len() == n {
+                    p.cache.borrow_mut().put(tokens, layers, &p.namespace, p.session.as_deref());
+                }
+                Ok(())
+            }
+            (Caches::Fresh, _) => Ok(()),
+        }
+    }
+
+    /// Dropped without closing (after a panic in a step the row took part in): a caller's cache
+    /// loses its layers and starts empty.
+    pub(super) fn abandon(self) {
+        if let Caches::Caller(lease, _) = self {
+            lease.lose();
+        }
+    }
+}
+
 pub struct Generation {
     model: Rc<dyn LanguageModel>,
     caches: RowCaches,
@@ -134,55 +192,18 @@ impl Generation {
     }
 
     fn start_from(&mut self, source: Caches) -> Result<()> {
-        let found = match &source {
-            Caches::Fresh => None,
-            Caches::Prefix(p) => p.cache.borrow_mut().take(&self.prompt, &p.namespace, p.session.as_deref()).map(|hit| (hit.caches, hit.tokens)),
-            Caches::Caller(lease, store) => lease.take(store).map(|c| {
-                let held = c.first().map_or(0, LayerCache::offset);
-                (c, held)
-            }),
-        };
-        self.source = source;
-        if let Some((caches, held)) = found {
-            // The caller's cache was checked against the prompt when the request was opened.
-            if held >= self.prompt.len() {
-                return Err(Error::Internal(format!("a cache of {held} positions for a prompt of {}", self.prompt.len())));
-            }
-            self.caches.replace(caches);
+        if let Some(held) = source.open(&self.prompt, &mut self.caches)? {
             self.prefilled = held;
             self.cached = held;
         }
+        self.source = source;
         Ok(())
     }
 
-    /// Hands the caches on when the generation is closed: to their caller (always, holding the
-    /// prompt and every token forwarded), or to the prefix cache (when it ended whole).
+    /// Hands the caches on when the generation is closed (`Caches::close`).
     fn return_caches(&mut self) -> Result<()> {
         let source = std::mem::replace(&mut self.source, Caches::Fresh);
-        if matches!(source, Caches::Fresh) || (matches!(source, Caches::Prefix(_)) && !self.ended) {
-            return Ok(());
-        }
-        let caches = self.caches.take();
-        match (source, caches) {
-            (Caches::Caller(lease, _), Err(e)) => {
-                lease.lose();
-                Err(e)
-            }
-            (Caches::Caller(lease, store), Ok(caches)) => {
-                lease.give_back(&store, caches);
-                Ok(())
-            }
-            (Caches::Prefix(p), caches) => {
-                let caches = caches?;
-                let n = caches.first().map_or(0, LayerCache::offset);
-                let tokens: Vec<u32> = self.prompt.iter().chain(&self.output).copied().take(n).collect();
-                if tokens.len() == n {
-                    p.cache.borrow_mut().put(tokens, caches, &p.namespace, p.session.as_deref());
-                }
-                Ok(())
-            }
-            (Caches::Fresh, _) => Ok(()),
-        }
+        source.close(&mut self.caches, self.prompt.iter().chain(&self.output).copied(), self.ended)
     }
 
     pub fn new(
@@ -372,11 +393,7 @@ impl Generation {
 
 impl Drop for Generation {
     fn drop(&mut self) {
-        // Dropped without closing (after a panic in a step it took part in): a caller's cache
-        // loses its layers and starts empty.
-        if let Caches::Caller(lease, _) = std::mem::replace(&mut self.source, Caches::Fresh) {
-            lease.lose();
-        }
+        std::mem::replace(&mut self.source, Caches::Fresh).abandon();
     }
 }
 

@@ -8,6 +8,7 @@ mod admission;
 mod caller_cache;
 mod driver;
 pub mod events;
+pub mod fill;
 mod generate;
 mod group;
 pub mod inference;

@@ -203,8 +203,9 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 }
 
 /// What this engine can do: every autoregressive row of a model joins the continuous batch,
-/// grammar rows included (each row masks its own logits), and speculative rows: a draft model's
-/// proposals, or grammar proposals (the tokens a grammar forces, fed as one multi-token step:
+/// grammar rows included (each row masks its own logits), fill rows (`sharedFill`), and
+/// speculative rows: a draft model's proposals, with fill's before them (`sharedSpeculativeEcho`),
+/// or grammar proposals (the tokens a grammar forces, fed as one multi-token step:
 /// mlx-bun places those rows as the speculative method). Everything else mlx-bun's placement
 /// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode) this engine does
 /// not have yet, and the requests that would need it are refused before they get here
@@ -216,14 +217,16 @@ pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
         grammar_batch: continuous,
         shared_grammar_proposals: continuous,
         grouped_methods: continuous.then(|| vec![Method::Autoregressive, Method::Speculative]),
+        shared_fill: continuous,
+        shared_speculative_echo: continuous,
         ..Default::default()
     }
 }
 
-/// The engine-wide switches an engine has turned on: of mlx-bun's, only `grammarJump` (an
-/// engine option).
-pub fn features(grammar_jump: bool) -> ExecutionFeatures {
-    ExecutionFeatures { grammar_jump, ..Default::default() }
+/// The engine-wide switches an engine has turned on: of mlx-bun's, `grammarJump` and `fill`
+/// (engine options).
+pub fn features(grammar_jump: bool, fill: bool) -> ExecutionFeatures {
+    ExecutionFeatures { grammar_jump, fill, ..Default::default() }
 }
 
 /// Where a generation request runs, and whether it uses the prefix cache.

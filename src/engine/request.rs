@@ -32,8 +32,8 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// A draft must share the target's vocabulary; the draft path does not carry logprobs,
-    /// penalties (their history would need each proposal) or grammars.
+    /// A draft must share the target's vocabulary; the draft path does not carry logprobs or
+    /// grammars yet.
     pub fn check(&self, vocab_size: usize, opts: &GenerateOptions) -> Result<()> {
         if self.vocab_size != vocab_size {
             return Err(Error::option("draftModel", format!("its vocabulary ({}) is not the model's ({vocab_size})", self.vocab_size)));
@@ -41,12 +41,8 @@ impl Draft {
         if self.tokens == 0 || self.tokens > MAX_DRAFT_TOKENS {
             return Err(Error::option("numDraftTokens", format!("must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {}", self.tokens)));
         }
-        let s = &opts.sampling;
         let unsupported = [
             (opts.wants_logprobs(), "logprobs"),
-            (s.repetition_penalty > 0.0 && s.repetition_penalty != 1.0, "repetitionPenalty"),
-            (s.presence_penalty != 0.0, "presencePenalty"),
-            (s.frequency_penalty != 0.0, "frequencyPenalty"),
             (opts.grammar.is_some(), "grammar"),
         ];
         match unsupported.iter().find(|(on, _)| *on) {

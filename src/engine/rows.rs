@@ -77,9 +77,16 @@ impl RowCaches {
     /// Drops its last `n` positions (tokens a step forwarded that the row did not keep).
     pub fn trim(&mut self, n: usize) -> Result<()> {
         for c in self.own()? {
-            c.trim(n);
+            if c.trim(n) != n {
+                return Err(Error::Internal(format!("a cache could not forget its last {n} positions")));
+            }
         }
         Ok(())
+    }
+
+    /// Whether a step of `n` more positions could be trimmed back afterwards.
+    pub fn rewindable(&mut self, n: usize) -> Result<bool> {
+        Ok(self.own()?.iter().all(|c| c.trimmable_after(n)))
     }
 
     /// Replaces the layers (a row that starts from another's prefix).

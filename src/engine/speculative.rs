@@ -1,13 +1,16 @@
-//! Speculative decoding with a draft model, as mlx-lm's `speculative_generate_step`: each step the
-//! draft proposes k tokens (k forwards of the small model, chained lazily in one graph), the
-//! target forwards its last token and the k proposals at once, samples a token after each of
-//! them with the request's sampler, and keeps the proposals up to the first one it disagrees
-//! with, plus its own token there. Greedy output is the target's greedy output; sampled output
-//! draws each position with the key of its index, as a plain generation does.
+//! Rows that verify proposals. Each step feeds the row's last token and the tokens proposed to
+//! follow it, samples a token after each of them with the request's sampler, and keeps the
+//! proposals up to the first one the model disagrees with, plus its own token there (mlx-lm's
+//! `speculative_generate_step`). Greedy output is the model's greedy output; sampled output draws
+//! each position with the key of its index, as a plain generation does.
 //!
-//! Both models' caches are trimmed back to the kept tokens after each step, so the row keeps its
-//! own caches (`Row::stackable` is false): in a batch its step shares the graph with the other
-//! rows, which then attend row by row.
+//! Proposals come, in priority order, from the request's fill session (`fill`: strict rows, then
+//! the echo index; asserted spans are kept whole) and from a draft model (k forwards of the small
+//! model, chained lazily into the verify step's graph).
+//!
+//! The caches are trimmed back to the kept tokens after each step, so the row keeps its own
+//! caches (`Row::stackable` is false): in a batch its step shares the graph with the other rows,
+//! which then attend row by row.
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -15,6 +18,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 use super::events::{FinishReason, GenerateStats};
+use super::fill::{FillConfig, FillPlan, FillSession, Policy, Proposal};
+use super::generate::Caches;
 use super::method::{MethodRun, Plan, Row, Step};
 use super::rows::{self, Feed, RowCaches};
 use super::session::{MethodResult, Output};
@@ -31,31 +36,77 @@ pub const MAX_DRAFT_TOKENS: usize = 64;
 /// The draft samples with its own key stream, so its draws never repeat the target's.
 const DRAFT_SEED: u64 = 0x5be0_cd19_137e_2179;
 
+/// A draft model's side of a row.
+pub struct Drafter {
+    model: Rc<dyn LanguageModel>,
+    caches: Vec<LayerCache>,
+    sampler: Sampler,
+    k: usize,
+    /// Tokens its caches lack (ending with the row's last token), forwarded before it proposes.
+    input: Vec<u32>,
+}
+
+impl Drafter {
+    pub fn new(model: Rc<dyn LanguageModel>, k: usize, opts: &GenerateOptions, prompt: &[u32]) -> Result<Self> {
+        let mut draft_opts = opts.sampling.clone();
+        draft_opts.seed ^= DRAFT_SEED;
+        let last = *prompt.last().ok_or_else(|| Error::InvalidPrompt("the prompt is empty".into()))?;
+        Ok(Drafter { caches: model.new_cache(), sampler: Sampler::new(draft_opts, prompt)?, model, k, input: vec![last] })
+    }
+
+    /// Its forward of `tokens` [1, n] over its caches; its last logits if `logits`.
+    fn forward(&mut self, tokens: Array, logits: Logits) -> Result<Option<Array>> {
+        let mut layers: Vec<&mut [LayerCache]> = vec![self.caches.as_mut_slice()];
+        let ctx = StepContext { logits, check: None };
+        self.model.forward(&Tokens::uniform(tokens), CacheView::Rows(&mut layers), &ctx)
+    }
+
+    /// `k` proposals [k] (lazy): it forwards what it lacks, then each token it samples.
+    fn propose(&mut self, k: usize, generated: u32) -> Result<Array> {
+        let first = std::mem::take(&mut self.input);
+        let mut input = Array::from_slice(&first, &[1, first.len() as i32]);
+        let mut drafts = Vec::with_capacity(k);
+        for i in 0..k {
+            let logits = self.forward(input, Logits::Last)?.ok_or_else(|| Error::Internal("a draft step returned no logits".into()))?;
+            let (token, _) = self.sampler.sample(&logits.reshape(&[1, -1])?, u64::from(generated) + i as u64)?;
+            let token = token.reshape(&[1, 1])?;
+            input = token.clone();
+            drafts.push(token);
+        }
+        Ok(ops::concatenate(&drafts, 1)?.reshape(&[-1])?)
+    }
+}
+
+/// What the row fed the step in flight.
 enum Fed {
     Nothing,
     Prompt(usize),
-    /// The target's last token and `k` proposals.
-    Verify { k: usize },
+    /// The last token and `k` draft proposals (0: the last token alone).
+    Draft(usize),
+    /// The last token and a fill proposal.
+    Fill(Proposal),
 }
 
 pub struct Speculative {
     model: Rc<dyn LanguageModel>,
-    draft: Rc<dyn LanguageModel>,
     caches: RowCaches,
-    draft_caches: Vec<LayerCache>,
+    source: Caches,
     prompt: Vec<u32>,
     prefilled: usize,
+    /// Prompt tokens already in the caches it started from.
+    cached: usize,
+    /// Every token kept, EOS included: with the prompt, what the caches hold.
+    output: Vec<u32>,
+    ended: bool,
     opts: GenerateOptions,
     eos: Vec<u32>,
     sampler: Sampler,
-    draft_sampler: Sampler,
-    k: usize,
-    /// The last token kept, which the target forwards next.
+    draft: Option<Drafter>,
+    fill: Option<FillSession>,
+    /// The last token kept, which the row forwards next.
     last: u32,
-    /// Tokens the draft's caches lack, which it forwards before proposing.
-    draft_input: Vec<u32>,
     fed: Fed,
-    /// The step's proposals [k] and the target's tokens [k + 1] (lazy until `publish`).
+    /// The step's draft proposals [k] and the model's tokens [count] (lazy until `publish`).
     proposed: Option<Array>,
     verified: Option<Array>,
     stopping: bool,
@@ -68,30 +119,42 @@ pub struct Speculative {
 }
 
 impl Speculative {
-    pub fn plan(model: Rc<dyn LanguageModel>, draft: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, k: usize, continuous: bool) -> Plan {
+    /// A row with a draft model (`draft`: the model and its proposals per step), a fill session
+    /// (`fill`), or both. Its caches come from `caches` (a row with a draft starts fresh: the
+    /// draft's caches would not follow a cached prefix).
+    pub fn plan(
+        model: Rc<dyn LanguageModel>,
+        draft: Option<(Rc<dyn LanguageModel>, usize)>,
+        fill: Option<FillConfig>,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        continuous: bool,
+        caches: Caches,
+    ) -> Plan {
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
                 let eos = opts.eos_token_ids.clone().unwrap_or_else(|| model.config().eos_token_ids.clone());
-                let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
-                let mut draft_opts = opts.sampling.clone();
-                draft_opts.seed ^= DRAFT_SEED;
-                let draft_sampler = Sampler::new(draft_opts, &prompt)?;
                 let last = *prompt.last().ok_or_else(|| Error::InvalidPrompt("the prompt is empty".into()))?;
-                Ok(Box::new(Speculative {
+                let draft = draft.map(|(m, k)| Drafter::new(m, k, &opts, &prompt)).transpose()?;
+                let fill = fill
+                    .map(|config| FillSession::new(&config, FillPlan { eos: eos.clone(), ..Default::default() }, &prompt))
+                    .transpose()?;
+                let mut row = Speculative {
                     caches: RowCaches::new(model.new_cache()),
-                    draft_caches: draft.new_cache(),
+                    source: Caches::Fresh,
+                    sampler: Sampler::new(opts.sampling.clone(), &prompt)?,
                     model,
-                    draft,
                     prompt,
                     prefilled: 0,
+                    cached: 0,
+                    output: Vec::new(),
+                    ended: false,
                     opts,
                     eos,
-                    sampler,
-                    draft_sampler,
-                    k,
+                    draft,
+                    fill,
                     last,
-                    draft_input: vec![last],
                     fed: Fed::Nothing,
                     proposed: None,
                     verified: None,
@@ -102,52 +165,106 @@ impl Speculative {
                     accepted: 0,
                     started: Instant::now(),
                     first_token: None,
-                }) as Box<dyn MethodRun>)
+                };
+                if row.draft.is_none() {
+                    if let Some(held) = caches.open(&row.prompt, &mut row.caches)? {
+                        row.prefilled = held;
+                        row.cached = held;
+                    }
+                    row.source = caches;
+                }
+                Ok(Box::new(row) as Box<dyn MethodRun>)
             }),
         }
     }
 
-    /// The draft's forward of `tokens` [1, n] over its caches; its last logits if `logits`.
-    fn draft_forward(&mut self, tokens: Array, logits: Logits) -> Result<Option<Array>> {
-        let mut layers: Vec<&mut [LayerCache]> = vec![self.draft_caches.as_mut_slice()];
-        let ctx = StepContext { logits, check: None };
-        self.draft.forward(&Tokens::uniform(tokens), CacheView::Rows(&mut layers), &ctx)
-    }
-
-    /// `k` proposals [k] (lazy): the draft forwards what it lacks, then each token it samples.
-    fn propose_drafts(&mut self, k: usize) -> Result<Array> {
-        let first = std::mem::take(&mut self.draft_input);
-        let mut input = Array::from_slice(&first, &[1, first.len() as i32]);
-        let mut drafts = Vec::with_capacity(k);
-        for i in 0..k {
-            let logits = self.draft_forward(input, Logits::Last)?.ok_or_else(|| Error::Internal("a draft step returned no logits".into()))?;
-            let (token, _) = self.draft_sampler.sample(&logits.reshape(&[1, -1])?, u64::from(self.generated) + i as u64)?;
-            let token = token.reshape(&[1, 1])?;
-            input = token.clone();
-            drafts.push(token);
-        }
-        Ok(ops::concatenate(&drafts, 1)?.reshape(&[-1])?)
-    }
-
     fn done(&mut self, finish_reason: FinishReason) -> Step {
+        self.ended = true;
         Step::Done(MethodResult { finish_reason, metrics: self.stats() })
     }
 
-    /// Reads the step's tokens, publishes the kept ones, and trims both caches to them.
-    fn deliver(&mut self, out: &mut Output<'_>, k: usize) -> Result<Step> {
+    /// What the next step feeds after the last token: a fill proposal, else the draft's, within
+    /// the output the request may still produce. Proposals that could not be rewound (a sliding
+    /// window cache that would wrap) are not made: fill then asserts only, the draft proposes
+    /// nothing.
+    fn proposals(&mut self) -> Result<(Fed, Option<Array>)> {
+        let budget = (self.opts.max_tokens - self.generated).saturating_sub(1) as usize;
+        if let Some(fill) = &mut self.fill {
+            let rewindable = self.caches.rewindable(1 + budget.min(fill.max_span()))?;
+            if let Some(p) = fill.propose(budget, (!rewindable).then_some(Policy::Assert)) {
+                return Ok((Fed::Fill(p), None));
+            }
+        }
+        let Some(draft) = &mut self.draft else { return Ok((Fed::Draft(0), None)) };
+        let k = draft.k.min(budget);
+        if k == 0 || !self.caches.rewindable(1 + k)? || !draft.caches.iter().all(|c| c.trimmable_after(k)) {
+            return Ok((Fed::Draft(0), None));
+        }
+        Ok((Fed::Draft(k), Some(draft.propose(k, self.generated)?)))
+    }
+
+    /// Reads the step's tokens, publishes the kept ones, and trims the caches to them.
+    fn deliver(&mut self, out: &mut Output<'_>) -> Result<Step> {
         let read = |a: Option<Array>| -> Result<Vec<u32>> {
             let a = a.ok_or_else(|| Error::Internal("a verify step lost its tokens".into()))?;
             Ok(a.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec())
         };
         let verified = read(self.verified.take())?;
-        let proposed = if k > 0 { read(self.proposed.take())? } else { Vec::new() };
-        let n = proposed.iter().zip(&verified).take_while(|(d, t)| d == t).count();
-        self.drafted += k as u32;
-        self.accepted += n as u32;
+        let fed = std::mem::replace(&mut self.fed, Fed::Nothing);
+        let (proposed, policy) = match &fed {
+            Fed::Draft(0) => (Vec::new(), Policy::Verify),
+            Fed::Draft(_) => (read(self.proposed.take())?, Policy::Verify),
+            Fed::Fill(p) => (p.ids.clone(), p.policy),
+            Fed::Nothing | Fed::Prompt(_) => return Err(Error::Internal("a verify step fed no token".into())),
+        };
+        let m = proposed.len();
+        let n = match policy {
+            Policy::Assert => m,
+            Policy::Verify => proposed.iter().zip(&verified).take_while(|(d, t)| d == t).count(),
+        };
+        let own = verified[n];
+        match (fed, &mut self.fill) {
+            (Fed::Fill(p), Some(fill)) => {
+                fill.commit(p, n, &verified);
+                if let Some(d) = &mut self.draft {
+                    d.input.extend_from_slice(&proposed[..n]);
+                    d.input.push(own);
+                }
+            }
+            (Fed::Draft(k), fill) => {
+                // Kept draft tokens are the model's own: they enter the fill session as sampled.
+                for &id in fill.as_ref().map_or(&[][..], |_| &proposed[..n]) {
+                    fill.as_mut().expect("checked").observe(id);
+                }
+                self.drafted += k as u32;
+                self.accepted += n as u32;
+                if let Some(d) = &mut self.draft {
+                    // It forwarded what it lacked and its first k - 1 proposals.
+                    if k == 0 {
+                        d.input.push(own);
+                    } else if n < k {
+                        for c in &mut d.caches {
+                            c.trim(k - 1 - n);
+                        }
+                        d.input = vec![own];
+                    } else {
+                        d.input = vec![proposed[k - 1], own];
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(fill) = &mut self.fill {
+            fill.observe(own);
+        }
         if self.first_token.is_none() {
             self.first_token = Some(Instant::now());
         }
-        for &id in &verified[..=n] {
+        // The model forwarded its last token and m proposals: it keeps n of them.
+        self.caches.trim(m - n)?;
+        self.last = own;
+        for &id in proposed[..n].iter().chain([&own]) {
+            self.output.push(id);
             if self.eos.contains(&id) {
                 return Ok(self.done(FinishReason::Stop));
             }
@@ -158,31 +275,24 @@ impl Speculative {
                 return Ok(self.done(FinishReason::Length));
             }
         }
-        // The target forwarded its last token and k proposals: it keeps n of them. The draft
-        // forwarded what it lacked and its first k - 1 proposals.
-        self.caches.trim(k - n)?;
-        if k == 0 {
-            // Nothing was proposed: the draft still lacks what it lacked, and the new token.
-            self.draft_input.push(verified[0]);
-        } else if n < k {
-            for c in &mut self.draft_caches {
-                c.trim(k - 1 - n);
-            }
-            self.draft_input = vec![verified[n]];
-        } else {
-            self.draft_input = vec![proposed[k - 1], verified[k]];
-        }
-        self.last = verified[n];
         Ok(Step::Continue)
     }
 
     pub fn stats(&self) -> GenerateStats {
         let positions = self.caches.positions() as u32;
         GenerateStats {
+            cached_tokens: self.cached as u32,
             draft_tokens: self.drafted,
             accepted_draft_tokens: self.accepted,
+            fill: self.fill.as_ref().map(|f| f.stats.clone()),
             ..GenerateStats::measured(self.started, self.first_token, self.prompt.len() as u32, self.generated, positions)
         }
+    }
+}
+
+impl Drop for Speculative {
+    fn drop(&mut self) {
+        std::mem::replace(&mut self.source, Caches::Fresh).abandon();
     }
 }
 
@@ -211,13 +321,16 @@ impl Row for Speculative {
         self.opts.prefill_chunk_size as usize
     }
 
-    /// Its draft's caches would not follow another row's prefix: it prefills its own.
+    /// A row with a draft prefills its own prompt: the draft's caches would not follow another
+    /// row's prefix.
     fn shared_prompt(&self) -> Option<(&[u32], usize)> {
-        None
+        (self.draft.is_none() && matches!(self.source, Caches::Prefix(_))).then_some((&self.prompt, self.prefilled))
     }
 
-    fn adopt_prefix(&mut self, _caches: Vec<LayerCache>, _n: usize) {
-        unreachable!("a speculative row shares no prompt")
+    fn adopt_prefix(&mut self, caches: Vec<LayerCache>, n: usize) {
+        self.caches.replace(caches);
+        self.prefilled = n;
+        self.cached = n;
     }
 
     fn propose(&mut self, out: &Output<'_>, max: usize) -> Result<Option<Feed>> {
@@ -228,53 +341,69 @@ impl Row for Speculative {
         }
         let left = self.prompt_left();
         if left > 0 {
-            // Both models prefill the same chunk: the draft's part joins the target's graph.
+            // With a draft, both models prefill the same chunk: the draft's part joins the graph.
             let n = left.min(max.max(1));
             let chunk = &self.prompt[self.prefilled..self.prefilled + n];
             let tokens = Array::from_slice(chunk, &[1, n as i32]);
-            self.draft_forward(tokens.clone(), Logits::None)?;
+            if let Some(d) = &mut self.draft {
+                d.forward(tokens.clone(), Logits::None)?;
+            }
             self.fed = Fed::Prompt(n);
             return Ok(Some(Feed { tokens, count: n, logits: Logits::None }));
         }
-        // Never propose past the last token allowed.
-        let room = (self.opts.max_tokens - self.generated) as usize;
-        let k = self.k.min(room.saturating_sub(1));
+        let (fed, drafts) = self.proposals()?;
         let last = Array::from_slice(&[self.last], &[1, 1]);
-        let tokens = if k > 0 {
-            let proposed = self.propose_drafts(k)?;
-            let tokens = ops::concatenate(&[last, proposed.reshape(&[1, -1])?], 1)?;
-            self.proposed = Some(proposed);
-            tokens
-        } else {
-            last
+        let (tokens, count) = match (&fed, drafts) {
+            (Fed::Fill(p), _) => {
+                let mut ids = vec![self.last];
+                ids.extend(&p.ids);
+                (Array::from_slice(&ids, &[1, ids.len() as i32]), ids.len())
+            }
+            (&Fed::Draft(k), Some(drafts)) => {
+                let tokens = ops::concatenate(&[last, drafts.reshape(&[1, -1])?], 1)?;
+                self.proposed = Some(drafts);
+                (tokens, k + 1)
+            }
+            _ => (last, 1),
         };
-        self.fed = Fed::Verify { k };
-        Ok(Some(Feed { tokens, count: k + 1, logits: Logits::All }))
+        self.fed = fed;
+        Ok(Some(Feed { tokens, count, logits: Logits::All }))
     }
 
     fn accept(&mut self, logits: Option<Array>) -> Result<Vec<Array>> {
-        match (&self.fed, logits) {
-            (&Fed::Prompt(n), _) => {
+        let count = match &self.fed {
+            Fed::Prompt(n) => {
                 self.prefilled += n;
-                Ok(self.draft_caches.iter().flat_map(|c| c.state()).cloned().collect())
+                let draft = self.draft.as_ref().map(|d| d.caches.iter().flat_map(|c| c.state()).cloned().collect());
+                return Ok(draft.unwrap_or_default());
             }
-            (&Fed::Verify { k }, Some(logits)) => {
-                let logits = logits.reshape(&[(k + 1) as i32, -1])?;
-                let tokens = (0..=k)
-                    .map(|i| {
-                        let (t, _) = self.sampler.sample(&logits.index(i as i32..i as i32 + 1), u64::from(self.generated) + i as u64)?;
-                        Ok(t.reshape(&[1])?)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let verified = ops::concatenate(&tokens, 0)?;
-                let mut arrays = vec![verified.clone()];
-                arrays.extend(self.proposed.clone());
-                self.verified = Some(verified);
-                Ok(arrays)
+            Fed::Nothing => return Ok(Vec::new()),
+            Fed::Draft(k) => k + 1,
+            Fed::Fill(p) => p.ids.len() + 1,
+        };
+        let logits = logits.ok_or_else(|| Error::Internal("a verify step returned no logits".into()))?;
+        let logits = logits.reshape(&[count as i32, -1])?;
+        // Position i samples as plain decoding would after the first i proposals: with their
+        // key index, and with them in the penalties' history.
+        let mut sampler = self.sampler.clone();
+        let mut tokens = Vec::with_capacity(count);
+        for i in 0..count {
+            if i > 0 {
+                let proposal = match (&self.fed, &self.proposed) {
+                    (Fed::Fill(p), _) => Array::from_slice(&p.ids[i - 1..i], &[1]),
+                    (_, Some(drafts)) => drafts.index(i as i32 - 1..i as i32),
+                    _ => return Err(Error::Internal("a verify step lost its proposals".into())),
+                };
+                sampler.push(&proposal)?;
             }
-            (Fed::Verify { .. }, None) => Err(Error::Internal("a verify step returned no logits".into())),
-            (Fed::Nothing, _) => Ok(Vec::new()),
+            let (t, _) = sampler.sample(&logits.index(i as i32..i as i32 + 1), u64::from(self.generated) + i as u64)?;
+            tokens.push(t.reshape(&[1])?);
         }
+        let verified = ops::concatenate(&tokens, 0)?;
+        let mut arrays = vec![verified.clone()];
+        arrays.extend(self.proposed.clone());
+        self.verified = Some(verified);
+        Ok(arrays)
     }
 
     fn publish(&mut self, out: &mut Output<'_>) -> Result<Step> {
@@ -286,7 +415,7 @@ impl Row for Speculative {
                 out.progress(self.prefilled as f64, Some(self.prompt.len() as f64))?;
                 Ok(Step::Continue)
             }
-            Fed::Verify { k } => self.deliver(out, k),
+            Fed::Draft(_) | Fed::Fill(_) => self.deliver(out),
             Fed::Nothing => Ok(Step::Continue),
         }
     }
@@ -301,8 +430,9 @@ impl MethodRun for Speculative {
         self.stats()
     }
 
-    fn close(self: Box<Self>) -> Result<()> {
-        Ok(())
+    fn close(mut self: Box<Self>) -> Result<()> {
+        let source = std::mem::replace(&mut self.source, Caches::Fresh);
+        source.close(&mut self.caches, self.prompt.iter().chain(&self.output).copied(), self.ended)
     }
 
     fn row(&mut self) -> Option<&mut dyn Row> {

@@ -10,6 +10,7 @@ use napi_derive::napi;
 
 use super::js_error;
 use super::model::{f32_matmuls, wait_loaded, Load, LoadOptions};
+use crate::engine::fill::FillConfig;
 use crate::error::Error;
 use crate::server::{ContextOptions, LogFormat, Server, ServerContext as CoreContext, ServerOptions as CoreOptions};
 
@@ -61,6 +62,7 @@ pub struct ServerOptions {
     pub body_limit: Option<f64>,
     pub log: Option<String>,
     pub shutdown_grace_ms: Option<f64>,
+    pub fill: Option<serde_json::Value>,
 }
 
 /// A whole number in `[min, max]`, or the option's error.
@@ -105,6 +107,13 @@ fn core_options(port: u32, o: ServerOptions) -> napi::Result<CoreOptions> {
             Some(other) => return Err(js_error(Error::option("log", format!("must be 'text', 'json' or 'off', got '{other}'")))),
         },
         shutdown_grace: o.shutdown_grace_ms.map(|v| whole("shutdownGraceMs", v, 0.0, SAFE)).transpose()?.map_or(d.shutdown_grace, Duration::from_millis),
+        fill: {
+            let env = FillConfig::from_env().map_err(js_error)?;
+            match &o.fill {
+                Some(v) => FillConfig::from_json(v, env).map_err(js_error)?,
+                None => env,
+            }
+        },
     })
 }
 

@@ -13,6 +13,7 @@ pub fn step_seed(seed: u64, step: u64) -> u64 {
     seed ^ step.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+#[derive(Clone)]
 pub struct Sampler {
     opts: SamplingOptions,
     /// Prompt and generated tokens (int32), kept only when a penalty needs them.

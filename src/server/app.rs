@@ -15,6 +15,7 @@ use super::error::ApiError;
 use super::generation::{Chunk, Run};
 use super::log::{LogFormat, LogSlot};
 use crate::engine::inference::DEFAULT_PREFIX_CACHE_BYTES;
+use crate::engine::fill::FillConfig;
 use crate::engine::{EngineOptions, InferenceEngine, Source};
 
 /// The largest request body accepted by default (`413` above it).
@@ -45,6 +46,9 @@ pub struct ServerOptions {
     /// Requests decoded together; more wait in the queue, up to `max_queued` (then `429`).
     pub batch: usize,
     pub max_queued: usize,
+    /// mlx-bun's fill feature (`--fill`, `MLX_BUN_FILL*`): echo spans in every request it can
+    /// place with.
+    pub fill: FillConfig,
 }
 
 impl Default for ServerOptions {
@@ -64,6 +68,7 @@ impl Default for ServerOptions {
             prompt_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             batch: EngineOptions::default().max_active,
             max_queued: EngineOptions::default().max_queued,
+            fill: FillConfig::default(),
         }
     }
 }
@@ -82,6 +87,7 @@ impl App {
             prefix_cache_bytes: options.prompt_cache_bytes,
             max_active: options.batch,
             max_queued: options.max_queued,
+            fill: options.fill.clone(),
             ..Default::default()
         };
         let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, limits);
