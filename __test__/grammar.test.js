@@ -208,6 +208,22 @@ describe('grammar-constrained decoding on SmolLM2 (real weights)', () => {
       assert.equal(placed.method, 'speculative')
       assert.equal(placed.grammarJump, true)
       assert.throws(() => mlx.createEngine(m.model, { grammarJump: 1 }), { code: 'INVALID_OPTION' })
+      // With logprobs (speculativeLogprobs): every token has them, those of the masked
+      // distribution, where a forced token is certain.
+      const [what, schema] = SCHEMAS[0]
+      const s = jumping.open({ messages: ask(what, schema), grammar: { jsonSchema: schema }, maxTokens: 160, logprobs: true, topLogprobs: 2 })
+      const tokens = []
+      const lps = []
+      for await (const e of s.events) {
+        if (e.type !== 'committed') continue
+        tokens.push(...e.tokenIds)
+        lps.push(...e.logprobs)
+      }
+      assert.equal(lps.length, tokens.length)
+      const certain = lps.filter((l, i) => l.logprob === 0 && l.top.length === 1 && l.top[0].id === tokens[i])
+      assert.ok(certain.length >= 1, `${certain.length} certain of ${tokens.length}`)
+      assert.ok(lps.every((l) => l.logprob <= 0 && l.top.length >= 1))
+      check(what, schema, { text: m.tokenizer.decode(tokens), finishReason: (await s.result).result.finishReason })
     } finally {
       await jumping.close()
     }

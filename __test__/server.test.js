@@ -198,6 +198,8 @@ describe('mlx-bun serve on SmolLM2 (real weights)', () => {
       assert.equal(r.choices[0].message.content, want)
       const lp = await client.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 4, temperature: 0, logprobs: true })
       assert.equal(lp.choices[0].logprobs.content.length, lp.usage.completion_tokens)
+      const json = await client.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 12, temperature: 0, response_format: { type: 'json_object' } })
+      assert.ok(json.choices[0].message.content.startsWith('{'), json.choices[0].message.content)
     } finally {
       drafted.child.kill('SIGTERM')
       await new Promise((r) => drafted.child.on('exit', r))

@@ -37,8 +37,9 @@ export interface EngineOptions {
    * mlx-bun's `grammarJump`: text a request's grammar forces (a JSON key, a closing brace) is
    * fed to the model in one step instead of one step per token. Placed as mlx-bun places it:
    * such requests run as grammar proposals (`method: 'speculative'`) in the batch, without the
-   * prefix cache, and not when they ask for logprobs. The forced text is tokenized canonically,
-   * so tokens may differ from a run without it. Default false.
+   * prefix cache; with `logprobs`, a forced token reports those of the grammar's masked
+   * distribution (logprob 0, itself the only alternative). The forced text is tokenized
+   * canonically, so tokens may differ from a run without it. Default false.
    */
   grammarJump?: boolean
   /**

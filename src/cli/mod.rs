@@ -198,7 +198,7 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
     f32_matmuls: F32MatmulsArg,
     /// A smaller model with the same vocabulary that drafts tokens (speculative decoding), for
-    /// requests without logprobs or a response_format.
+    /// requests without a response_format.
     #[arg(long)]
     draft_model: Option<PathBuf>,
     /// mlx-bun's fill: append spans the request already contains (echo: edits, refactors,

@@ -22,7 +22,7 @@ use crate::cache::{LayerCache, PrefixCache};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, Logits};
 use crate::sample::grammar::{self, Constraint};
-use crate::sample::logprobs::PendingLogprobs;
+use crate::sample::logprobs::{PendingLogprobs, TokenLogprobs, TopLogprob};
 use crate::sample::{GenerateOptions, Sampler};
 
 /// mlx-lm clears MLX's buffer cache every 256 decode steps.
@@ -366,7 +366,12 @@ impl Generation {
             for &f in forced.iter().take(room) {
                 self.sampler.push(&Array::from_slice(&[f], &[1]))?;
                 self.output.push(f);
-                out.commit(&[f], None)?;
+                // Logprobs are those of the masked distribution, where a forced token is certain.
+                let certain = self.opts.wants_logprobs().then(|| TokenLogprobs {
+                    logprob: 0.0,
+                    top: if self.opts.top_logprobs > 0 { vec![TopLogprob { id: f, logprob: 0.0 }] } else { Vec::new() },
+                });
+                out.commit(&[f], certain.as_ref().map(std::slice::from_ref))?;
                 self.generated += 1;
             }
             next.extend(forced.iter().take(room));

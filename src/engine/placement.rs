@@ -204,7 +204,8 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 
 /// What this engine can do: every autoregressive row of a model joins the continuous batch,
 /// grammar rows included (each row masks its own logits), fill rows (`sharedFill`), and
-/// speculative rows: a draft model's proposals, with fill's before them (`sharedSpeculativeEcho`),
+/// speculative rows: a draft model's proposals, with fill's before them (`sharedSpeculativeEcho`)
+/// and logprobs at each kept position (`speculativeLogprobs`),
 /// or grammar proposals (the tokens a grammar forces, fed as one multi-token step:
 /// mlx-bun places those rows as the speculative method). Everything else mlx-bun's placement
 /// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode) this engine does
@@ -219,6 +220,7 @@ pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
         grouped_methods: continuous.then(|| vec![Method::Autoregressive, Method::Speculative]),
         shared_fill: continuous,
         shared_speculative_echo: continuous,
+        speculative_logprobs: true,
         ..Default::default()
     }
 }

@@ -32,8 +32,7 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// A draft must share the target's vocabulary; the draft path does not carry logprobs or
-    /// grammars yet.
+    /// A draft must share the target's vocabulary; the draft path does not carry grammars yet.
     pub fn check(&self, vocab_size: usize, opts: &GenerateOptions) -> Result<()> {
         if self.vocab_size != vocab_size {
             return Err(Error::option("draftModel", format!("its vocabulary ({}) is not the model's ({vocab_size})", self.vocab_size)));
@@ -41,14 +40,10 @@ impl Draft {
         if self.tokens == 0 || self.tokens > MAX_DRAFT_TOKENS {
             return Err(Error::option("numDraftTokens", format!("must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {}", self.tokens)));
         }
-        let unsupported = [
-            (opts.wants_logprobs(), "logprobs"),
-            (opts.grammar.is_some(), "grammar"),
-        ];
-        match unsupported.iter().find(|(on, _)| *on) {
-            Some((_, name)) => Err(Error::UnsupportedOption { option: (*name).into(), reason: "not with a draftModel (speculative decoding) yet".into() }),
-            None => Ok(()),
+        if opts.grammar.is_some() {
+            return Err(Error::UnsupportedOption { option: "grammar".into(), reason: "not with a draftModel (speculative decoding) yet".into() });
         }
+        Ok(())
     }
 }
 

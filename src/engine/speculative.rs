@@ -4,6 +4,8 @@
 //! `speculative_generate_step`). Greedy output is the model's greedy output; sampled output draws
 //! each position with the key of its index, as a plain generation does.
 //!
+//! Logprobs, when asked for, are those of each kept position.
+//!
 //! Proposals come, in priority order, from the request's fill session (`fill`: strict rows, then
 //! the echo index; asserted spans are kept whole) and from a draft model (k forwards of the small
 //! model, chained lazily into the verify step's graph).
@@ -26,6 +28,7 @@ use super::session::{MethodResult, Output};
 use crate::cache::{CacheView, LayerCache};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, Logits, StepContext, Tokens};
+use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
 
 /// mlx-lm's `generate --num-draft-tokens` default.
@@ -109,6 +112,8 @@ pub struct Speculative {
     /// The step's draft proposals [k] and the model's tokens [count] (lazy until `publish`).
     proposed: Option<Array>,
     verified: Option<Array>,
+    /// The logprobs at each position of the step, when the request wants them.
+    logprobs: Vec<PendingLogprobs>,
     stopping: bool,
     continuous: bool,
     generated: u32,
@@ -158,6 +163,7 @@ impl Speculative {
                     fed: Fed::Nothing,
                     proposed: None,
                     verified: None,
+                    logprobs: Vec::new(),
                     stopping: false,
                     continuous,
                     generated: 0,
@@ -263,12 +269,16 @@ impl Speculative {
         // The model forwarded its last token and m proposals: it keeps n of them.
         self.caches.trim(m - n)?;
         self.last = own;
-        for &id in proposed[..n].iter().chain([&own]) {
+        // A kept token is the one sampled at its position (fill's asserted spans, which are not,
+        // are never placed with logprobs), so that position's logprobs are its own.
+        let logprobs = std::mem::take(&mut self.logprobs);
+        for (j, &id) in proposed[..n].iter().chain([&own]).enumerate() {
             self.output.push(id);
             if self.eos.contains(&id) {
                 return Ok(self.done(FinishReason::Stop));
             }
-            out.commit(&[id], None)?;
+            let lp = logprobs.get(j).map(PendingLogprobs::read).transpose()?;
+            out.commit(&[id], lp.as_ref().map(std::slice::from_ref))?;
             self.generated += 1;
             self.sampler.push(&Array::from_slice(&[id], &[1]))?;
             if self.generated >= self.opts.max_tokens {
@@ -396,12 +406,17 @@ impl Row for Speculative {
                 };
                 sampler.push(&proposal)?;
             }
-            let (t, _) = sampler.sample(&logits.index(i as i32..i as i32 + 1), u64::from(self.generated) + i as u64)?;
-            tokens.push(t.reshape(&[1])?);
+            let (t, logprobs) = sampler.sample(&logits.index(i as i32..i as i32 + 1), u64::from(self.generated) + i as u64)?;
+            let t = t.reshape(&[1])?;
+            if self.opts.wants_logprobs() {
+                self.logprobs.push(PendingLogprobs::new(&logprobs, &t, self.opts.top_logprobs)?);
+            }
+            tokens.push(t);
         }
         let verified = ops::concatenate(&tokens, 0)?;
         let mut arrays = vec![verified.clone()];
         arrays.extend(self.proposed.clone());
+        arrays.extend(self.logprobs.iter().flat_map(|l| l.arrays()).cloned());
         self.verified = Some(verified);
         Ok(arrays)
     }
