@@ -422,7 +422,43 @@ describe('tool calls (SmolLM2 with a ChatML tools template)', () => {
     assert.equal(answer.content[0].text, await raw(same, 12))
   })
 
-  test("tools are refused where the template has no tool format, and tool_choice beyond 'auto'/'none'", async () => {
+  test('tool_choice that forces a call: the reply is a call valid against its schema (OpenAI and Anthropic)', async () => {
+    const Ajv = require('ajv')
+    const valid = new Ajv().compile(tools[0].function.parameters)
+    // A question the model answers in words; a second tool, to name one of two.
+    const words = [{ role: 'user', content: 'Tell me a short joke.' }]
+    const both = [...tools, { type: 'function', function: { name: 'get_time', description: 'The time', parameters: { type: 'object', properties: { zone: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['zone'] } } }]
+    const free = await openai.chat.completions.create({ model: MODEL, messages: words, tools: both, max_tokens: 24, temperature: 0 })
+    assert.equal(free.choices[0].finish_reason !== 'tool_calls', true, 'unforced, the model answers in words')
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+      const r = await openai.chat.completions.create({ model: MODEL, messages: words, tools: both, tool_choice, max_tokens: 60, temperature: 0 })
+      const c = r.choices[0]
+      assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c))
+      const calls = c.message.tool_calls.map((t) => [t.function.name, JSON.parse(t.function.arguments)])
+      assert.ok(calls.length >= 1)
+      if (tool_choice !== 'required') assert.deepEqual(calls.map(([n]) => n), ['get_weather'])
+      for (const [name, args] of calls) {
+        if (name === 'get_weather') assert.ok(valid(args), JSON.stringify(args))
+        else assert.ok(['UTC', 'CET'].includes(args.zone), JSON.stringify(args))
+      }
+    }
+    const atools = both.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }))
+    const anthropic = new Anthropic({ baseURL: s.url, apiKey: 'unused' })
+    const a = await anthropic.messages.create({ model: MODEL, max_tokens: 60, temperature: 0, tools: atools, tool_choice: { type: 'tool', name: 'get_time' }, messages: words })
+    assert.equal(a.stop_reason, 'tool_use', JSON.stringify(a.content))
+    const use = a.content.filter((b) => b.type === 'tool_use')
+    assert.deepEqual(use.map((b) => b.name), ['get_time'])
+    assert.ok(['UTC', 'CET'].includes(use[0].input.zone))
+    // What cannot be forced is a 400 naming it.
+    const missing = await post(`${s.url}/v1/chat/completions`, { model: MODEL, messages: words, tools, tool_choice: { type: 'function', function: { name: 'nope' } } })
+    assert.equal(missing.status, 400)
+    assert.match(missing.json.error.message, /nope/)
+    const twice = await post(`${s.url}/v1/chat/completions`, { model: MODEL, messages: words, tools, tool_choice: 'required', response_format: { type: 'json_object' } })
+    assert.equal(twice.status, 400)
+    assert.equal(twice.json.error.code, 'unsupported_parameter')
+  })
+
+  test("tools are refused where the template has no tool format; a forced call needs tools", async () => {
     const plain = mlx.loadContext(fixture(MODEL))
     const p = mlx.createServer(plain, 0, { log: 'off' })
     try {
@@ -432,9 +468,9 @@ describe('tool calls (SmolLM2 with a ChatML tools template)', () => {
     } finally {
       await p.close()
     }
-    const forced = await post(`${s.url}/v1/chat/completions`, { model: MODEL, messages: asking, tools, tool_choice: 'required' })
+    const forced = await post(`${s.url}/v1/chat/completions`, { model: MODEL, messages: asking, tool_choice: 'required' })
     assert.equal(forced.status, 400)
-    assert.equal(forced.json.error.code, 'unsupported_parameter')
+    assert.match(forced.json.error.message, /no tools/)
   })
 })
 

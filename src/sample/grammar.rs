@@ -21,7 +21,7 @@ use crate::error::{catch_panic, Error, Result};
 use crate::tokenizer::load_tokenizer;
 
 /// Whitespace allowed between two JSON tokens: one space, or one or two newlines and an indent.
-const JSON_WHITESPACE: &str = r"( |\n{1,2}[ \t]{0,20})";
+pub const JSON_WHITESPACE: &str = r"( |\n{1,2}[ \t]{0,20})";
 
 /// What a request constrains its output to.
 #[derive(Debug, Clone, PartialEq)]

@@ -14,6 +14,7 @@ use serde_json::{json, Value as Json_};
 use super::error::{ApiError, Dialect};
 use super::generation::{Chunk, Run, Summary};
 use super::channels::{Split, ToolCall};
+use super::tool_choice::ToolChoice;
 use super::prompt::{chat_prompt, text_content, ChatPrompt};
 use super::params::Sampling;
 use super::app::{check_model, request_id, sse, App};
@@ -117,15 +118,13 @@ async fn handle(app: Arc<App>, log: LogSlot, bytes: body::Body) -> Result<Respon
     if r.thinking.is_some() {
         return Err(ApiError::unsupported("thinking", "extended thinking is not served yet"));
     }
-    let tools = match r.tool_choice.as_ref().map(|c| c.get("type").and_then(Json_::as_str)) {
-        None | Some(Some("auto")) => r.tools.map(openai_tools).transpose()?,
-        Some(Some("none")) => None,
-        Some(_) => return Err(ApiError::unsupported("tool_choice", "only 'auto' and 'none' are served (forcing a call needs constrained decoding)")),
-    };
+    let choice = ToolChoice::anthropic(r.tool_choice.as_ref())?;
+    let tools = r.tools.map(openai_tools).transpose()?;
     let ctx = &app.ctx;
-    let ChatPrompt { ids: prompt, mut channels } = chat_prompt(ctx, openai_messages(r.system, r.messages)?, tools, Default::default())?;
+    let ChatPrompt { ids: prompt, mut channels, forced } = chat_prompt(ctx, openai_messages(r.system, r.messages)?, tools, &choice, Default::default())?;
     let sampling = Sampling { max_tokens: Some(r.max_tokens), temperature: r.temperature, top_p: r.top_p, top_k: r.top_k, ..Default::default() };
-    let opts = sampling.options(ctx, &app.options, r.max_tokens)?;
+    let mut opts = sampling.options(ctx, &app.options, r.max_tokens)?;
+    opts.grammar = forced;
     let user = r.metadata.as_ref().and_then(|m| m.get("user_id")).and_then(Json_::as_str).map(str::to_owned);
     let input_tokens = prompt.len();
     log.begin(input_tokens, user);

@@ -16,6 +16,7 @@ mod openai;
 mod params;
 mod prompt;
 mod stop;
+mod tool_choice;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

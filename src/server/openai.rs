@@ -14,6 +14,7 @@ use super::channels::{Split, ToolCall};
 use super::error::ApiError;
 use super::generation::{Chunk, Piece, Run, Summary};
 use super::params::{Sampling, Stop};
+use super::tool_choice::ToolChoice;
 use super::prompt::{chat_prompt, ChatPrompt};
 use super::app::{check_model, request_id, sse, App};
 use super::body;
@@ -137,13 +138,16 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     check_model(&app, &r.model)?;
     one_choice(r.n)?;
     let grammar = r.response_format.as_ref().map(response_format).transpose()?.flatten();
+    if let Some(g) = &grammar {
+        g.check().map_err(|e| ApiError { param: Some("response_format".into()), ..ApiError::from(e) })?;
+    }
     let ctx = &app.ctx;
-    let tools = match r.tool_choice.as_ref().map(|c| c.as_str()) {
-        None | Some(Some("auto")) => r.tools,
-        Some(Some("none")) => None,
-        Some(_) => return Err(ApiError::unsupported("tool_choice", "only 'auto' and 'none' are served (forcing a call needs constrained decoding)")),
+    let choice = ToolChoice::openai(r.tool_choice.as_ref())?;
+    let ChatPrompt { ids: prompt, mut channels, forced } = chat_prompt(ctx, r.messages, r.tools, &choice, r.chat_template_kwargs.unwrap_or_default())?;
+    let grammar = match (grammar, forced) {
+        (Some(_), Some(_)) => return Err(ApiError::unsupported("response_format", "not with a tool_choice that forces a call")),
+        (g, f) => g.or(f),
     };
-    let ChatPrompt { ids: prompt, mut channels } = chat_prompt(ctx, r.messages, tools, r.chat_template_kwargs.unwrap_or_default())?;
     let sampling = Sampling {
         max_tokens: r.max_completion_tokens.or(r.max_tokens),
         temperature: r.temperature,
@@ -159,10 +163,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
         logprobs: r.logprobs.unwrap_or(false),
     };
     let mut opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_CHAT_MAX_TOKENS))?;
-    if let Some(g) = grammar {
-        g.check().map_err(|e| ApiError { param: Some("response_format".into()), ..ApiError::from(e) })?;
-        opts.grammar = Some(g);
-    }
+    opts.grammar = grammar;
     log.begin(prompt.len(), r.user);
     let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
     let id = request_id("chatcmpl");

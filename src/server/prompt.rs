@@ -6,17 +6,24 @@ use serde_json::{Map, Value as Json_};
 use super::channels::{thinks, Channels, ToolFormat};
 use super::context::ServerContext;
 use super::error::ApiError;
+use super::tool_choice::{forced_calls, ToolChoice};
+use crate::sample::grammar::GrammarSpec;
 use crate::tokenizer::template::RenderOptions;
 
 pub struct ChatPrompt {
     pub ids: Vec<u32>,
     pub channels: Channels,
+    /// The grammar a forcing `tool_choice` decodes the reply under.
+    pub forced: Option<GrammarSpec>,
 }
 
 /// Renders OpenAI-shaped `messages` (see `template_messages`) with `tools` (OpenAI's
 /// `{type: "function", function}` objects, or none) and further template variables.
-pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<Json_>>, extra: Map<String, Json_>) -> Result<ChatPrompt, ApiError> {
+pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<Json_>>, choice: &ToolChoice, extra: Map<String, Json_>) -> Result<ChatPrompt, ApiError> {
     let template = ctx.template.as_ref().ok_or_else(|| ApiError::bad_request(format!("{} has no chat template; use /v1/completions", ctx.id)))?;
+    let tools = choice.tools(tools);
+    let forced_format = tools.as_ref().and_then(|_| ToolFormat::detect(template.source()));
+    let forced = forced_calls(forced_format, tools.as_deref().unwrap_or_default(), choice)?;
     let tools = tools.filter(|t| !t.is_empty());
     let format = match &tools {
         None => None,
@@ -27,7 +34,7 @@ pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<
     let ids = ctx.tokenizer.encode(&text, false)?;
     // Templates that open the reasoning themselves leave the answer inside it.
     let channels = Channels::new(format, thinks(template.source()), text.trim_end().ends_with("<think>"));
-    Ok(ChatPrompt { ids, channels })
+    Ok(ChatPrompt { ids, channels, forced })
 }
 
 /// The text of a message's `content`: a string, or the text parts of a list (joined, as
