@@ -158,3 +158,74 @@ describe('fill on Gemma-3-270M (real weights, sliding-window caches)', () => {
     }
   })
 })
+
+describe("fill: strict rows from a chat template's tool calls (SmolLM2, a ChatML tools template)", () => {
+  const source = fs.readFileSync(path.join(__dirname, 'tools-template.jinja'), 'utf8')
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }]
+  const call = (id, city) => ({ id, type: 'function', function: { name: 'get_weather', arguments: { city } } })
+  // One example call is enough for the model to answer the next question with a call.
+  const messages = [
+    { role: 'user', content: 'What is the weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [call('call_0', 'Paris')] },
+    { role: 'user', content: 'What is the weather in London?' },
+  ]
+  let model, tok, template
+  before(async () => {
+    model = await mlx.loadModel(fixture('smollm2-f32'))
+    tok = mlx.loadTokenizer(fixture('smollm2-f32'))
+    template = mlx.ChatTemplate.fromString(source)
+  })
+  after(() => model.dispose())
+  const run = async (fill, extra = {}) => {
+    const e = mlx.createEngine(model, { fill, chatTemplate: template })
+    try {
+      return await e.open({ messages, chat: { tools }, maxTokens: 30, ...extra }, { output: 'collect' }).result
+    } finally {
+      await e.close()
+    }
+  }
+  const parsed = (o) => JSON.parse(/<tool_call>(.*)<\/tool_call>/s.exec(tok.decode(o.output))[1])
+
+  test('the scaffold, the name and the key are appended as the template writes them; the call is the same', async () => {
+    const plain = await run('off')
+    const strict = await run('strict')
+    const f = strict.result.metrics.fill
+    assert.deepEqual(parsed(strict), parsed(plain))
+    assert.deepEqual(parsed(plain), { name: 'get_weather', arguments: { city: 'London' } })
+    // Asserted spans are cut from the template's own rendering of a call: the tokens up to the
+    // end of the call are those of plain decoding, most of them appended rather than decoded.
+    const end = Array.from(plain.output).length
+    assert.deepEqual(Array.from(strict.output).slice(0, end), Array.from(plain.output))
+    assert.ok(f.strict >= 15 && f.echo === 0 && f.verifyEvents === 0, JSON.stringify(f))
+    assert.ok(f.decodeSteps < end / 2, JSON.stringify(f))
+    // Rows fire only after the model itself wrote a distinctive token: the first token of the
+    // reply is always the model's.
+    assert.equal(strict.output[0], plain.output[0])
+  })
+
+  test('no rows without tools, or where the template renders no tool calls', async () => {
+    const noTools = await run('strict', { chat: {} })
+    assert.equal(noTools.result.metrics.fill.strict, 0)
+    const e = mlx.createEngine(model, { fill: 'strict' }) // SmolLM2's own template: no tool calls
+    try {
+      const o = await e.open({ messages: messages.slice(2), chat: { tools }, maxTokens: 12 }, { output: 'collect' }).result
+      assert.equal(o.result.metrics.fill.strict, 0)
+    } finally {
+      await e.close()
+    }
+  })
+
+  test('the server fills the same way (createServer option fill)', async () => {
+    const { default: OpenAI } = require('openai')
+    const ctx = mlx.loadContext(fixture('smollm2-f32'), { chatTemplate: source })
+    const server = mlx.createServer(ctx, 0, { log: 'off', fill: 'strict' })
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'unused' })
+      const r = await client.chat.completions.create({ model: 'smollm2-f32', messages: messages.map((m) => (m.tool_calls ? { ...m, tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: JSON.stringify(c.function.arguments) } })) } : m)), tools, max_tokens: 30, temperature: 0 })
+      const c = r.choices[0].message.tool_calls[0]
+      assert.deepEqual([c.function.name, JSON.parse(c.function.arguments)], ['get_weather', { city: 'London' }])
+    } finally {
+      await server.close()
+    }
+  })
+})

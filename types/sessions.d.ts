@@ -48,8 +48,11 @@ export interface EngineOptions {
    * `k` tokens occurred earlier in the prompt or output, what followed them there is appended in
    * one step and only the prefix the model itself would produce is kept, so outputs are those of
    * a run without fill (greedy and seeded sampling alike) while edits and rewrites of the prompt's
-   * text take fewer steps. `'strict'`: strict template rows only (none are compiled yet, see
-   * README). Requests with a grammar or logprobs run without it; `stats.fill` counts what it did.
+   * text take fewer steps (for tool requests, spans the template determines are kept unverified,
+   * as mlx-bun does). `'strict'` (included in `'echo'`): for `messages` with tools, the fixed
+   * parts of a tool call, cut from the chat template's own rendering, are appended unverified once
+   * the model has begun the call (see README). Requests with a grammar or logprobs run without
+   * it; `stats.fill` counts what it did.
    * Default `'off'`.
    */
   fill?: FillMode | FillOptions

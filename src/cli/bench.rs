@@ -23,7 +23,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {
         let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), prefill_chunk_size, ..Default::default() };
-        let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts, prefix: Default::default(), cache: None, draft: None }, OutputMode::Stream, false)?;
+        let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts, prefix: Default::default(), cache: None, draft: None, fill: Default::default() }, OutputMode::Stream, false)?;
         Ok(session.read_blocking(|_| Ok(()))?.into_result()?.metrics)
     };
     run(8)?;

@@ -171,7 +171,7 @@ impl Conversation<'_> {
         let prompt = self.ctx.tokenizer.encode(&text, false)?;
         let prefix = PrefixKey { namespace: String::new(), session: Some(format!("chat-{}", self.id)) };
         let started = Instant::now();
-        let spec = MethodSpec::Generate { model: self.ctx.model, prompt, opts: self.opts.clone(), prefix, cache: None, draft: None };
+        let spec = MethodSpec::Generate { model: self.ctx.model, prompt, opts: self.opts.clone(), prefix, cache: None, draft: None, fill: Default::default() };
         let session = self.engine.open(spec, OutputMode::Stream, false)?;
         let _cancel = self.interactive.then(|| CancelOnSigint::start(session.clone())).transpose()?;
         let mut decoder = StreamDecoder::new(&self.ctx.tokenizer, true);

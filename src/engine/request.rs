@@ -1,4 +1,5 @@
 //! A request as the engine thread receives it: tokenized and validated, naming its model.
+use super::fill::FillPlan;
 use super::caller_cache::CacheLease;
 use super::method::Script;
 use super::models::ModelId;
@@ -58,6 +59,8 @@ pub enum MethodSpec {
         cache: Option<CacheLease>,
         /// A draft model for speculative decoding.
         draft: Option<Draft>,
+        /// Strict fill rows from its chat template and tools (used when placed with fill).
+        fill: FillPlan,
     },
     Script(Script),
 }

@@ -130,7 +130,7 @@ impl Speculative {
     pub fn plan(
         model: Rc<dyn LanguageModel>,
         draft: Option<(Rc<dyn LanguageModel>, usize)>,
-        fill: Option<FillConfig>,
+        fill: Option<(FillConfig, FillPlan)>,
         prompt: Vec<u32>,
         opts: GenerateOptions,
         continuous: bool,
@@ -143,7 +143,7 @@ impl Speculative {
                 let last = *prompt.last().ok_or_else(|| Error::InvalidPrompt("the prompt is empty".into()))?;
                 let draft = draft.map(|(m, k)| Drafter::new(m, k, &opts, &prompt)).transpose()?;
                 let fill = fill
-                    .map(|config| FillSession::new(&config, FillPlan { eos: eos.clone(), ..Default::default() }, &prompt))
+                    .map(|(config, plan)| FillSession::new(&config, plan, &eos, &prompt))
                     .transpose()?;
                 let mut row = Speculative {
                     caches: RowCaches::new(model.new_cache()),

@@ -17,6 +17,7 @@ use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
 use crate::engine::inference::live_sessions;
 use crate::engine::method::Script;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
+use crate::engine::fill::{template, FillPlan};
 use crate::engine::{batch_counts, Draft, EngineOptions, InferenceEngine, MethodSpec, Source};
 use crate::error::{Error, Result};
 use crate::sample::logprobs::TokenLogprobs;
@@ -160,17 +161,23 @@ impl NativeEngine {
             }
             return Ok(MethodSpec::Script(script.clone()));
         };
+        let mut fill = FillPlan::default();
         let prompt = match (prompt, messages) {
             (Some(p), None) => prompt_tokens(p)?,
             (None, Some(m)) => {
                 let (tokenizer, template) = self.chat()?;
                 let template = template.as_ref().ok_or_else(|| Error::Template("the model has no chat template".into()))?;
-                tokenizer.encode_chat(template, &m, &render_options(chat))?
+                let render = render_options(chat);
+                // With fill on, the strict rows of the template's tool calls.
+                if let (true, Some(Value::Array(tools)), Value::Array(list)) = (self.inner.options().fill.enabled(), &render.tools, &m) {
+                    fill = template::compile(template, tokenizer, list, tools, &render.extra);
+                }
+                tokenizer.encode_chat(template, &m, &render)?
             }
             _ => return Err(Error::InvalidPrompt("a request needs promptTokens or messages, not both".into())),
         };
         let cache = cache.map(|c| c.handle().lease(*id, prompt.len())).transpose()?;
-        Ok(MethodSpec::Generate { model: *id, prompt, opts, prefix, cache, draft })
+        Ok(MethodSpec::Generate { model: *id, prompt, opts, prefix, cache, draft, fill })
     }
 }
 

@@ -121,14 +121,14 @@ async fn handle(app: Arc<App>, log: LogSlot, bytes: body::Body) -> Result<Respon
     let choice = ToolChoice::anthropic(r.tool_choice.as_ref())?;
     let tools = r.tools.map(openai_tools).transpose()?;
     let ctx = &app.ctx;
-    let ChatPrompt { ids: prompt, mut channels, forced } = chat_prompt(ctx, openai_messages(r.system, r.messages)?, tools, &choice, Default::default())?;
+    let ChatPrompt { ids: prompt, mut channels, forced, fill } = chat_prompt(ctx, openai_messages(r.system, r.messages)?, tools, &choice, Default::default(), app.options.fill.enabled())?;
     let sampling = Sampling { max_tokens: Some(r.max_tokens), temperature: r.temperature, top_p: r.top_p, top_k: r.top_k, ..Default::default() };
     let mut opts = sampling.options(ctx, &app.options, r.max_tokens)?;
     opts.grammar = forced;
     let user = r.metadata.as_ref().and_then(|m| m.get("user_id")).and_then(Json_::as_str).map(str::to_owned);
     let input_tokens = prompt.len();
     log.begin(input_tokens, user);
-    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop_sequences.unwrap_or_default())?;
+    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop_sequences.unwrap_or_default(), fill)?;
     let id = request_id("msg");
     let model = ctx.id.clone();
     if !r.stream.unwrap_or(false) {

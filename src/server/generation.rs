@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::context::ServerContext;
 use super::error::ApiError;
 use super::stop::StopMatcher;
+use crate::engine::fill::FillPlan;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
 use crate::engine::{FinishReason, InferenceEngine, MethodSpec};
 use crate::error::Error;
@@ -55,11 +56,12 @@ pub struct Run {
 
 impl Run {
     /// Opens the session (admission may refuse it: `429`).
-    pub fn start(engine: &Arc<InferenceEngine>, ctx: &ServerContext, prompt: Vec<u32>, opts: GenerateOptions, stop: Vec<String>) -> Result<Run, ApiError> {
+    /// `fill`: the prompt's strict fill rows.
+    pub fn start(engine: &Arc<InferenceEngine>, ctx: &ServerContext, prompt: Vec<u32>, opts: GenerateOptions, stop: Vec<String>, fill: FillPlan) -> Result<Run, ApiError> {
         let logprobs = opts.wants_logprobs();
         // The server's draft serves the requests it can; the others decode without it.
         let draft = ctx.draft.filter(|d| d.check(ctx.vocab_size, &opts).is_ok());
-        let spec = MethodSpec::Generate { model: ctx.model, prompt, opts, prefix: Default::default(), cache: None, draft };
+        let spec = MethodSpec::Generate { model: ctx.model, prompt, opts, prefix: Default::default(), cache: None, draft, fill };
         let session = engine.open(spec, OutputMode::Stream, false)?;
         session.claim_reader()?;
         Ok(Run {

@@ -143,7 +143,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     }
     let ctx = &app.ctx;
     let choice = ToolChoice::openai(r.tool_choice.as_ref())?;
-    let ChatPrompt { ids: prompt, mut channels, forced } = chat_prompt(ctx, r.messages, r.tools, &choice, r.chat_template_kwargs.unwrap_or_default())?;
+    let ChatPrompt { ids: prompt, mut channels, forced, fill } = chat_prompt(ctx, r.messages, r.tools, &choice, r.chat_template_kwargs.unwrap_or_default(), app.options.fill.enabled())?;
     let grammar = match (grammar, forced) {
         (Some(_), Some(_)) => return Err(ApiError::unsupported("response_format", "not with a tool_choice that forces a call")),
         (g, f) => g.or(f),
@@ -165,7 +165,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, log: LogSlot, bytes: 
     let mut opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_CHAT_MAX_TOKENS))?;
     opts.grammar = grammar;
     log.begin(prompt.len(), r.user);
-    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
+    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default(), fill)?;
     let id = request_id("chatcmpl");
     let (model, created) = (ctx.id.clone(), ctx.created);
     let tokenizer = ctx.tokenizer.clone();
@@ -285,7 +285,7 @@ pub async fn completions(State(app): State<Arc<App>>, log: LogSlot, bytes: body:
     };
     let opts = sampling.options(ctx, &app.options, app.options.default_max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS))?;
     log.begin(prompt.len(), r.user);
-    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default())?;
+    let run = Run::start(&app.engine, ctx, prompt, opts, r.stop.map(Stop::into_vec).unwrap_or_default(), Default::default())?;
     let echo = if r.echo.unwrap_or(false) { prompt_text } else { String::new() };
     let id = request_id("cmpl");
     let (model, created) = (ctx.id.clone(), ctx.created);

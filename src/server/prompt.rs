@@ -7,6 +7,7 @@ use super::channels::{thinks, Channels, ToolFormat};
 use super::context::ServerContext;
 use super::error::ApiError;
 use super::tool_choice::{forced_calls, ToolChoice};
+use crate::engine::fill::{template, FillPlan};
 use crate::sample::grammar::GrammarSpec;
 use crate::tokenizer::template::RenderOptions;
 
@@ -15,11 +16,14 @@ pub struct ChatPrompt {
     pub channels: Channels,
     /// The grammar a forcing `tool_choice` decodes the reply under.
     pub forced: Option<GrammarSpec>,
+    /// Strict fill rows of the template's tool calls, when the server fills.
+    pub fill: FillPlan,
 }
 
 /// Renders OpenAI-shaped `messages` (see `template_messages`) with `tools` (OpenAI's
-/// `{type: "function", function}` objects, or none) and further template variables.
-pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<Json_>>, choice: &ToolChoice, extra: Map<String, Json_>) -> Result<ChatPrompt, ApiError> {
+/// `{type: "function", function}` objects, or none) and further template variables; with
+/// `fill`, compiles the strict rows of its tool calls.
+pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<Json_>>, choice: &ToolChoice, extra: Map<String, Json_>, fill: bool) -> Result<ChatPrompt, ApiError> {
     let template = ctx.template.as_ref().ok_or_else(|| ApiError::bad_request(format!("{} has no chat template; use /v1/completions", ctx.id)))?;
     let tools = choice.tools(tools);
     let forced_format = tools.as_ref().and_then(|_| ToolFormat::detect(template.source()));
@@ -29,12 +33,17 @@ pub fn chat_prompt(ctx: &ServerContext, messages: Vec<Json_>, tools: Option<Vec<
         None => None,
         Some(_) => Some(ToolFormat::detect(template.source()).ok_or_else(|| ApiError::unsupported("tools", &format!("the chat template of {} renders no tools", ctx.id)))?),
     };
+    let messages = template_messages(messages)?;
+    let fill = match (&tools, &messages, fill && forced.is_none()) {
+        (Some(tools), Json_::Array(list), true) => template::compile(template, &ctx.tokenizer, list, tools, &extra),
+        _ => FillPlan::default(),
+    };
     let render = RenderOptions { tools: tools.map(Json_::Array), extra, ..Default::default() };
-    let text = template.render(&template_messages(messages)?, &render)?;
+    let text = template.render(&messages, &render)?;
     let ids = ctx.tokenizer.encode(&text, false)?;
     // Templates that open the reasoning themselves leave the answer inside it.
     let channels = Channels::new(format, thinks(template.source()), text.trim_end().ends_with("<think>"));
-    Ok(ChatPrompt { ids, channels, forced })
+    Ok(ChatPrompt { ids, channels, forced, fill })
 }
 
 /// The text of a message's `content`: a string, or the text parts of a list (joined, as

@@ -15,6 +15,7 @@
 //! touches MLX; the speculative row (`speculative`) runs the steps.
 mod echo;
 mod strict;
+pub mod template;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -173,13 +174,13 @@ impl FillConfig {
     }
 }
 
-/// What a request's fill starts from: strict rows (compiled from its chat template and tools),
-/// the tokens that legitimately end a copied span, and the stop tokens no span may contain.
-#[derive(Debug, Clone, Default)]
+/// What a request's fill starts from: strict rows compiled from its chat template and tools
+/// (`template::compile`), and the tokens that end an argument value there (a copied span may
+/// end at one).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FillPlan {
     pub rows: Vec<FillRow>,
     pub delimiters: HashSet<u32>,
-    pub eos: Vec<u32>,
 }
 
 /// What a request's fill did (`stats.fill`).
@@ -219,7 +220,8 @@ pub struct FillSession {
 }
 
 impl FillSession {
-    pub fn new(config: &FillConfig, plan: FillPlan, prompt: &[u32]) -> Result<Self> {
+    /// `eos`: the request's stop tokens, which no span contains.
+    pub fn new(config: &FillConfig, plan: FillPlan, eos: &[u32], prompt: &[u32]) -> Result<Self> {
         let strict = StrictRows::new(plan.rows);
         let echo = (config.mode == FillMode::Echo)
             .then(|| EchoSource::new(config.k, config.max_span, config.candidates, config.index_max, plan.delimiters.clone(), prompt));
@@ -237,7 +239,7 @@ impl FillSession {
         Ok(FillSession {
             strict,
             echo,
-            eos: plan.eos.into_iter().collect(),
+            eos: eos.iter().copied().collect(),
             delimiters: plan.delimiters,
             max_span: config.max_span,
             window,

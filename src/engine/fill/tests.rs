@@ -2,6 +2,8 @@ use std::collections::HashMap;
 
 use super::*;
 
+const EOS: [u32; 1] = [99];
+
 fn echo(max_span: usize, k: usize) -> FillConfig {
     FillConfig { mode: FillMode::Echo, max_span, k, ..Default::default() }
 }
@@ -16,7 +18,7 @@ fn strict_rows_are_asserted_and_the_longest_trigger_wins() {
         rows: vec![row(&[5], &[1, 2], FillKind::Scaffold), row(&[4, 5], &[3, 3, 3], FillKind::Name), row(&[9], &[7], FillKind::Close)],
         ..Default::default()
     };
-    let mut s = FillSession::new(&FillConfig { mode: FillMode::Strict, ..Default::default() }, plan, &[0, 4]).unwrap();
+    let mut s = FillSession::new(&FillConfig { mode: FillMode::Strict, ..Default::default() }, plan, &EOS, &[0, 4]).unwrap();
     s.observe(5);
     let p = s.propose(100, None).expect("the longer row");
     assert_eq!((p.ids.as_slice(), p.policy, p.origin), (&[3, 3, 3][..], Policy::Assert, Origin::Schema));
@@ -41,11 +43,11 @@ fn strict_rows_are_asserted_and_the_longest_trigger_wins() {
 fn strict_rows_come_before_echo_and_echo_is_off_in_strict_mode() {
     let prompt = [1, 2, 3, 4, 5, 6, 1, 2];
     let plan = || FillPlan { rows: vec![row(&[1, 2], &[8, 8], FillKind::Scaffold)], ..Default::default() };
-    let mut s = FillSession::new(&echo(32, 2), plan(), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(32, 2), plan(), &EOS, &prompt).unwrap();
     assert_eq!(s.propose(100, None).unwrap().ids, vec![8, 8]);
-    let mut s = FillSession::new(&echo(32, 2), FillPlan::default(), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(32, 2), FillPlan::default(), &EOS, &prompt).unwrap();
     assert_eq!(s.propose(100, None).unwrap().ids, vec![3, 4, 5, 6, 1, 2]);
-    let mut s = FillSession::new(&FillConfig { mode: FillMode::Strict, k: 2, ..Default::default() }, FillPlan::default(), &prompt).unwrap();
+    let mut s = FillSession::new(&FillConfig { mode: FillMode::Strict, k: 2, ..Default::default() }, FillPlan::default(), &EOS, &prompt).unwrap();
     assert!(s.propose(100, None).is_none());
 }
 
@@ -53,19 +55,19 @@ fn strict_rows_come_before_echo_and_echo_is_off_in_strict_mode() {
 fn the_clamp_cuts_before_a_stop_token_then_at_a_delimiter_then_to_span_and_budget() {
     // Two agreeing occurrences of [1, 2] followed by "3 4 50 6 99": 50 delimits, 99 stops.
     let prompt = [1, 2, 3, 4, 50, 6, 99, 0, 1, 2, 3, 4, 50, 6, 99, 7, 1, 2];
-    let plan = |delims: &[u32]| FillPlan { delimiters: delims.iter().copied().collect(), eos: vec![99], ..Default::default() };
-    let mut s = FillSession::new(&echo(32, 2), plan(&[]), &prompt).unwrap();
+    let plan = |delims: &[u32]| FillPlan { delimiters: delims.iter().copied().collect(), ..Default::default() };
+    let mut s = FillSession::new(&echo(32, 2), plan(&[]), &EOS, &prompt).unwrap();
     let p = s.propose(100, None).unwrap();
     assert_eq!((p.ids.as_slice(), p.policy), (&[3, 4, 50, 6][..], Policy::Verify), "cut before the stop token: a weakened claim");
-    let mut s = FillSession::new(&echo(32, 2), plan(&[50]), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(32, 2), plan(&[50]), &EOS, &prompt).unwrap();
     let p = s.propose(100, None).unwrap();
     assert_eq!((p.ids.as_slice(), p.policy), (&[3, 4, 50][..], Policy::Assert), "corroborated, ends at a delimiter");
     let p = s.propose(2, None).unwrap();
     assert_eq!((p.ids.as_slice(), p.policy), (&[3, 4][..], Policy::Verify), "a budget cut weakens an echo claim");
-    let mut s = FillSession::new(&echo(2, 2), plan(&[50]), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(2, 2), plan(&[50]), &EOS, &prompt).unwrap();
     assert_eq!(s.propose(100, None).unwrap().policy, Policy::Verify);
     // A row that cannot rewind takes assertions only.
-    let mut s = FillSession::new(&echo(32, 2), plan(&[]), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(32, 2), plan(&[]), &EOS, &prompt).unwrap();
     assert!(s.propose(100, Some(Policy::Assert)).is_none());
     assert_eq!(s.stats.index_truncated, 1);
 }
@@ -73,7 +75,7 @@ fn the_clamp_cuts_before_a_stop_token_then_at_a_delimiter_then_to_span_and_budge
 #[test]
 fn commit_counts_what_was_kept_and_grows_the_index() {
     let prompt = [10, 11, 12, 13, 14, 15, 16, 10, 11];
-    let mut s = FillSession::new(&echo(32, 2), FillPlan::default(), &prompt).unwrap();
+    let mut s = FillSession::new(&echo(32, 2), FillPlan::default(), &EOS, &prompt).unwrap();
     let p = s.propose(100, None).unwrap();
     assert_eq!(p.ids, vec![12, 13, 14, 15, 16, 10, 11]);
     s.commit(p, 3, &[12, 13, 14, 20]);
@@ -94,7 +96,7 @@ fn the_trace_writes_one_line_per_proposal() {
     let path = std::env::temp_dir().join(format!("fill-trace-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let config = FillConfig { trace: Some(path.clone()), ..echo(32, 2) };
-    let mut s = FillSession::new(&config, FillPlan::default(), &[1, 2, 3, 4, 1, 2]).unwrap();
+    let mut s = FillSession::new(&config, FillPlan::default(), &EOS, &[1, 2, 3, 4, 1, 2]).unwrap();
     let p = s.propose(100, None).unwrap();
     s.commit(p, 1, &[3, 5, 6]);
     let text = std::fs::read_to_string(&path).unwrap();
