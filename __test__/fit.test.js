@@ -159,4 +159,8 @@ test('`mlx-bun fit` prints the same report, as JSON and as a table', () => {
   const bad = run(dir, '--kv-bits', '7')
   assert.equal(bad.status, 1)
   assert.match(bad.stderr, /kvBits.*INVALID_OPTION/)
+  // A reader that goes away (`| head`) ends it as a Unix filter ends: SIGPIPE's status, no panic.
+  const closed = spawnSync('bash', ['-c', `set -o pipefail; "${bin}" fit "${dir}" --skus | true`], { encoding: 'utf8', env })
+  assert.ok([0, 141].includes(closed.status), `status ${closed.status}: ${closed.stderr}`)
+  assert.doesNotMatch(closed.stderr, /panicked|Broken pipe/)
 })

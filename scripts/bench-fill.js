@@ -2,7 +2,8 @@
 'use strict'
 // Fill (echo): decode tok/s with and without `fill: 'echo'` on the code-edit prompt (the reply
 // copies most of a file) and on the parity prompts (prose: little to copy, so this is its
-// overhead), greedy, for SmolLM2 f32 and its Q4_1 GGUF; mlx-lm's `generate_step` on the same
+// overhead), greedy, for SmolLM2 f32 and its Q4_1 GGUF, with mlx-bun's defaults (k 8, maxSpan
+// 32) and with shorter matches and spans (k 4, maxSpan 16); mlx-lm's `generate_step` on the same
 // prompt ids and f32 weights (a fresh process, same libmlx and BLAS) is the peer. Outputs with
 // and without fill are checked equal. Prints one table; asserts nothing else.
 //
@@ -75,18 +76,20 @@ const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length
   const theirs = JSON.parse(execFileSync(path.join(ROOT, '.venv/bin/python'), ['-c', MLX_LM_SIDE, F32, JSON.stringify([edit, ...prose]), String(tokens), String(repeats)], { encoding: 'utf8', env }))
   const f = (x) => x.toFixed(2)
   console.log(`# fill (echo) — ${tokens} tokens, greedy, best of ${repeats}, ${runtime}`)
-  console.log('| weights | prompt | mlx-lm tok/s | plain tok/s | echo tok/s | echo / plain | echo / mlx-lm | tokens appended by echo | same output |')
-  console.log('|---|---|---|---|---|---|---|---|---|')
+  console.log('| weights | prompt | mlx-lm tok/s | plain tok/s | echo tok/s (k 8, span 32) | × plain | echo tok/s (k 4, span 16) | × plain | × mlx-lm | tokens appended (k 8 / k 4) | same output |')
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|')
   for (const [name, dir] of [['smollm2-f32', F32], ['Q4_1 GGUF', GGUF]]) {
     for (const [label, prompts, peer] of [['code edit', [edit], theirs.slice(0, 1)], [`prose ×${prose.length}`, prose, theirs.slice(1)]]) {
       const plain = await ours(dir, 'off', prompts)
       const echo = await ours(dir, 'echo', prompts)
-      const same = plain.every((r, i) => JSON.stringify(r.output) === JSON.stringify(echo[i].output))
+      const short = await ours(dir, { mode: 'echo', k: 4, maxSpan: 16 }, prompts)
+      const same = [echo, short].every((runs) => plain.every((r, i) => JSON.stringify(r.output) === JSON.stringify(runs[i].output)))
       const p = mean(plain.map((r) => r.tps))
       const e = mean(echo.map((r) => r.tps))
-      const appended = echo.reduce((a, r) => a + r.fill.echo, 0)
+      const s = mean(short.map((r) => r.tps))
+      const appended = (runs) => runs.reduce((a, r) => a + r.fill.echo, 0)
       const lm = dir === F32 ? mean(peer) : null
-      console.log(`| ${name} | ${label} | ${lm ? f(lm) : '—'} | ${f(p)} | ${f(e)} | ${f(e / p)}× | ${lm ? f(e / lm) + '×' : '—'} | ${appended} of ${prompts.length * tokens} | ${same ? 'yes' : 'NO'} |`)
+      console.log(`| ${name} | ${label} | ${lm ? f(lm) : '—'} | ${f(p)} | ${f(e)} | ${f(e / p)}× | ${f(s)} | ${f(s / p)}× | ${lm ? f(s / lm) + '×' : '—'} | ${appended(echo)} / ${appended(short)} of ${prompts.length * tokens} | ${same ? 'yes' : 'NO'} |`)
     }
   }
 })().catch((e) => {

@@ -248,6 +248,7 @@ enum DtypeArg {
 
 /// Runs the CLI with `args` (without the program name); returns the process exit code.
 pub fn run(args: Vec<String>) -> i32 {
+    quiet_broken_pipe();
     let cli = match Cli::try_parse_from(std::iter::once("mlx-bun".to_string()).chain(args)) {
         Ok(c) => c,
         Err(e) => {
@@ -262,6 +263,21 @@ pub fn run(args: Vec<String>) -> i32 {
             1
         }
     }
+}
+
+/// `mlx-bun ls | head`: once the reader is gone, `println!` panics with "Broken pipe"; end as a
+/// Unix filter does (status 141, SIGPIPE's), without a panic message. (Rust ignores SIGPIPE so
+/// that sockets report EPIPE; restoring it would let a closed client connection kill `serve`.)
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied()).unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
 }
 
 fn execute(cmd: Command) -> Result<()> {
