@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::engine::fill::FillConfig;
 use crate::engine::session::OutputMode;
 use crate::engine::{EngineThread, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
 use crate::error::Result;
@@ -18,7 +19,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     let engine = EngineThread::get();
     let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
     super::wait_loaded(path, loaded)?;
-    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, ..Default::default() });
+    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, fill: FillConfig::from_env()?, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {

@@ -14,6 +14,7 @@ use rustyline::error::ReadlineError;
 use serde_json::{json, Value as Json};
 
 use super::{wait_loaded, F32MatmulsArg};
+use crate::engine::fill::FillConfig;
 use crate::engine::inference::PrefixKey;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent};
 use crate::engine::{EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
@@ -86,7 +87,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     opts.validate(ctx.vocab_size)?;
     wait_loaded(&path, loaded)?;
     // No idle timeout: the reader is this thread, which never stops reading mid-turn.
-    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, ..Default::default() });
+    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, fill: FillConfig::from_env()?, ..Default::default() });
     let interactive = std::io::stdin().is_terminal();
     let mut input = if interactive { Input::editor()? } else { Input::Lines(std::io::stdin().lock()) };
     if interactive {
