@@ -239,8 +239,8 @@ impl Speculative {
             }
             (Fed::Draft(k), fill) => {
                 // Kept draft tokens are the model's own: they enter the fill session as sampled.
-                for &id in fill.as_ref().map_or(&[][..], |_| &proposed[..n]) {
-                    fill.as_mut().expect("checked").observe(id);
+                if let Some(fill) = fill {
+                    proposed[..n].iter().for_each(|&id| fill.observe(id));
                 }
                 self.drafted += k as u32;
                 self.accepted += n as u32;
