@@ -1,13 +1,15 @@
 'use strict'
 // Parity with Python mlx-lm 0.32.2 on tiny random-weight models of every architecture we support
 // (llama, llama with Llama 3 RoPE, mistral all-sliding and mixed, qwen2, qwen3, gemma3_text, phi3,
-// phi3 with partial rotary + su RoPE), each as an f32 folder and an MLX 4-bit g32 copy. Folders and
-// references are made by scripts/tiny_models.py into <fixtures>/tiny.
+// phi3 with partial rotary + su RoPE, gemma, gemma2 with both soft-caps, smollm3 with NoPE and
+// sliding layers, olmo2, glm4, granite with its multipliers, starcoder2, minicpm), each as an f32
+// folder and an MLX 4-bit g32 copy. Folders and references are made by scripts/tiny_models.py
+// into <fixtures>/tiny.
 const { test, describe } = require('node:test')
 const assert = require('node:assert/strict')
 
 const mlx = require('..')
-const { fixture, readJson, collect } = require('./helpers')
+const { fixture, readJson, collect, within } = require('./helpers')
 
 function loadRef() {
   try {
@@ -41,7 +43,8 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    for (const arch of ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su']) {
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm']
+    for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
     }
@@ -73,6 +76,40 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
             assert.ok(max <= 1e-4, `${what}: max |logit diff| ${max} at id ${at} (ours ${ours[at]}, mlx-lm ${p.last_logits[at]})`)
           }
         }
+      } finally {
+        model.dispose()
+      }
+    })
+  }
+})
+
+async function collectOne(engine, request) {
+  const o = await within(engine.open(request, { output: 'collect' }).result, 'a collect session', 60_000)
+  assert.equal(o.status, 'completed', JSON.stringify(o.error))
+  return Array.from(o.output)
+}
+
+describe('architectures: rows of one continuous batch equal each alone', () => {
+  const BATCH_TOKENS = 24
+  for (const m of ref.models.filter((m) => !m.quantized)) {
+    test(`${m.name}: 4 sessions of different lengths together`, { timeout: 120_000 }, async () => {
+      const model = await mlx.loadModel(fixture(`tiny/${m.path}`))
+      try {
+        const [short, long] = m.prompts.map((p) => p.ids)
+        const prompts = [short, long, long.slice(0, 23), short.concat(long.slice(0, 5))]
+        const requests = prompts.map((ids) => ({ promptTokens: ids, maxTokens: BATCH_TOKENS, eosTokenIds: [] }))
+        const solo = mlx.createEngine(model)
+        const alone = []
+        for (const r of requests) alone.push(await collectOne(solo, r))
+        await solo.close()
+        assertTokens(alone[0], m.prompts[0].tokens.slice(0, BATCH_TOKENS), `${m.name} short prompt alone`)
+        assertTokens(alone[1], m.prompts[1].tokens.slice(0, BATCH_TOKENS), `${m.name} long prompt alone`)
+        const before = mlx.testing.batchCounts().rows
+        const engine = mlx.createEngine(model, { maxActive: 8 })
+        const together = await Promise.all(requests.map((r) => collectOne(engine, r)))
+        await engine.close()
+        assert.ok(mlx.testing.batchCounts().rows > before, 'decode ran batched')
+        for (const [i, t] of together.entries()) assertTokens(t, alone[i], `${m.name} row ${i} in the batch`)
       } finally {
         model.dispose()
       }

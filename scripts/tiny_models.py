@@ -123,6 +123,53 @@ ARCHS = [
                          "long_factor": [1.0, 1.25, 2.5, 4.0][: SU_ROPE_DIMS // 2],
                          "short_factor": [1.0, 1.05, 1.1, 1.2][: SU_ROPE_DIMS // 2]},
     }),
+    ("gemma", 1000, {
+        "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "num_hidden_layers": 2,
+        "head_dim": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192,
+        "hidden_act": "gelu",
+    }),
+    # Caps small enough that tiny random weights reach them (Gemma 2's defaults are 50 and 30).
+    ("gemma2", 1100, {
+        "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 3,
+        "head_dim": 32, "query_pre_attn_scalar": 32, "attn_logit_softcapping": 4.0,
+        "final_logit_softcapping": 8.0, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+    }),
+    # NoPE in layers 1 and 3, sliding in layers 0 and 3: every rope/window combination.
+    ("smollm3", 1200, {
+        "model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4,
+        "rope_theta": 5000000.0, "tie_word_embeddings": False, "max_position_embeddings": 65536,
+        "no_rope_layer_interval": 2, "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"],
+    }),
+    ("olmo2", 1300, {
+        "model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+    }),
+    ("glm4", 1400, {
+        "model_type": "glm4", "architectures": ["Glm4ForCausalLM"], "num_hidden_layers": 2,
+        "head_dim": 16, "partial_rotary_factor": 0.5, "attention_bias": True, "rope_theta": 10000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+    }),
+    ("granite", 1500, {
+        "model_type": "granite", "architectures": ["GraniteForCausalLM"], "num_hidden_layers": 2,
+        "attention_multiplier": 0.2, "embedding_multiplier": 0.5, "residual_multiplier": 1.5,
+        "logits_scaling": 2.0, "attention_bias": True, "mlp_bias": False, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    }),
+    ("starcoder2", 1600, {
+        "model_type": "starcoder2", "architectures": ["Starcoder2ForCausalLM"], "num_hidden_layers": 2,
+        "norm_epsilon": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }),
+    # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
+    # model does not have).
+    ("minicpm", 1700, {
+        "model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "num_hidden_layers": 2,
+        "dim_model_base": 16, "scale_depth": 1.4, "scale_emb": 12.0, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }),
 ]
 
 NOTES = {
@@ -164,7 +211,8 @@ def build_model(name, cfg):
 
 def reinit(model, model_type):
     """Embedding std 0.3 (0.1 for Gemma; non-degenerate logits); norm weights randomised around their identity
-    (1 for RMSNorm, 0 for Gemma's (1 + w) RMSNorm) so a wrong norm convention shows; everything
+    (1 for RMSNorm, 0 for Gemma's (1 + w) RMSNorm) so a wrong norm convention shows, LayerNorm
+    biases around 0; everything
     else is mlx-lm's own init (uniform +-1/sqrt(fan_in)) times W_SCALE, so the blocks move the
     residual stream away from the input embedding (else tied models just echo the last token)."""
     gemma = model_type.startswith("gemma")
@@ -181,6 +229,8 @@ def reinit(model, model_type):
                 # blocks are not drowned by the sqrt(hidden)-scaled embedding.
                 centre = 2.0
             return centre + 0.2 * mx.random.normal(v.shape)
+        if "norm" in path.split(".")[-2] and path.endswith(".bias"):
+            return 0.2 * mx.random.normal(v.shape)
         return W_SCALE * v
 
     model.update(tree_map_with_path(f, model.parameters()))

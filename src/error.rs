@@ -19,7 +19,7 @@ pub enum Error {
     /// A saved KV cache that cannot be restored: damaged, of another version, or of another model.
     #[error("{path}: {reason}")]
     InvalidCacheFile { path: PathBuf, reason: String },
-    #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3)")]
+    #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3, gemma, gemma2, smollm3, olmo2, glm4, granite, starcoder2, minicpm)")]
     UnsupportedModelType(String),
     #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
     UnsupportedQuant { tensor: String, kind: String },

@@ -97,6 +97,11 @@ impl ModelConfig {
         self.raw.get(key).and_then(Value::as_f64).map_or(default, |v| v as f32)
     }
 
+    /// A number the architecture cannot do without (e.g. Granite's multipliers).
+    pub fn required_f64(&self, key: &str) -> Result<f64> {
+        self.raw.get(key).and_then(Value::as_f64).ok_or_else(|| Error::config(&self.source, format!("{} needs a number {key}", self.model_type)))
+    }
+
     pub fn usize_opt(&self, key: &str) -> Option<usize> {
         self.raw.get(key).and_then(Value::as_u64).map(|v| v as usize)
     }

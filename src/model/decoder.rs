@@ -1,26 +1,31 @@
-//! The decoder-only transformer every supported architecture is an instance of: token embedding,
-//! a stack of attention + MLP blocks (pre-norm, optionally with Gemma's post-norms), a final norm
-//! and the output projection. Architectures differ only in how they fill these parts.
+//! The decoder-only transformer every supported architecture is an instance of: token embedding
+//! (optionally scaled), a stack of attention + feed-forward blocks (pre-norm and/or post-norm,
+//! residual updates optionally scaled), a final norm and the output projection (optionally
+//! scaled or soft-capped). Architectures differ only in how they fill these parts.
 use mlx_rs::transforms::eval;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{ops, Array};
 
+use super::blocks::{softcap, FeedForward, Norm};
 use super::config::ModelConfig;
-use super::layers::{Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
+use super::layers::{scalar, Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
 use super::{LanguageModel, Logits, StepContext, Tokens};
 use crate::cache::{CacheView, KvCache, LayerCache, RotatingKvCache, StepShape};
 use crate::error::Result;
 
 pub struct Block {
-    pub input_norm: RmsNorm,
+    /// `None`: attention sees the residual stream itself (OLMo 2 norms only after).
+    pub input_norm: Option<Norm>,
     pub attn: Attention,
-    /// Gemma normalises the attention output before the residual add.
-    pub post_attn_norm: Option<RmsNorm>,
-    pub pre_mlp_norm: RmsNorm,
-    pub mlp: Mlp,
-    /// Gemma normalises the MLP output before the residual add.
-    pub post_mlp_norm: Option<RmsNorm>,
+    /// Gemma, OLMo 2 and GLM-4 normalise the attention output before the residual add.
+    pub post_attn_norm: Option<Norm>,
+    pub pre_mlp_norm: Option<Norm>,
+    pub mlp: FeedForward,
+    /// Normalises the MLP output before the residual add.
+    pub post_mlp_norm: Option<Norm>,
+    /// Granite and MiniCPM scale both residual updates by this.
+    pub residual_scale: Option<f32>,
     /// Sliding-window attention (rotating cache) instead of full attention.
     pub sliding: bool,
 }
@@ -31,44 +36,82 @@ impl Block {
     pub fn pre_norm(w: &Weights, cfg: &ModelConfig, i: usize, spec: AttentionSpec, fused_mlp: bool, sliding: bool) -> Result<Block> {
         let (p, d, eps) = (format!("model.layers.{i}"), cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Block {
-            input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?,
+            input_norm: Some(RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?.into()),
             attn: Attention::load(w, cfg, &format!("{p}.self_attn"), spec)?,
             post_attn_norm: None,
-            pre_mlp_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?,
-            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), Activation::Silu, fused_mlp)?,
+            pre_mlp_norm: Some(RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?.into()),
+            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), Activation::Silu, fused_mlp)?.into(),
             post_mlp_norm: None,
+            residual_scale: None,
+            sliding,
+        })
+    }
+
+    /// Layer `i` of Gemma 2 and 3: (1 + w) RMSNorm before and after both attention and the
+    /// gelu-tanh GeGLU MLP.
+    pub fn sandwich(w: &Weights, cfg: &ModelConfig, i: usize, spec: AttentionSpec, sliding: bool) -> Result<Block> {
+        let p = format!("model.layers.{i}");
+        let norm = |name: &str| -> Result<Option<Norm>> { Ok(Some(RmsNorm::load_offset(w, &format!("{p}.{name}"), cfg.hidden_size, cfg.rms_norm_eps)?.into())) };
+        Ok(Block {
+            input_norm: norm("input_layernorm")?,
+            attn: Attention::load(w, cfg, &format!("{p}.self_attn"), spec)?,
+            post_attn_norm: norm("post_attention_layernorm")?,
+            pre_mlp_norm: norm("pre_feedforward_layernorm")?,
+            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), Activation::GeluApprox, false)?.into(),
+            post_mlp_norm: norm("post_feedforward_layernorm")?,
+            residual_scale: None,
             sliding,
         })
     }
 
     fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape) -> Result<Array> {
-        let r = self.attn.forward(&self.input_norm.forward(x)?, cache, layer, shape, self.sliding)?;
-        self.finish(x, r)
+        let r = self.attn.forward(&norm(&self.input_norm, x)?, cache, layer, shape, self.sliding)?;
+        let h = self.residual(x, &self.post_attn_norm, r)?;
+        let r = self.mlp.forward(&norm(&self.pre_mlp_norm, &h)?)?;
+        self.residual(&h, &self.post_mlp_norm, r)
     }
 
-    /// The residual adds and the MLP around an attention output `r`.
-    fn finish(&self, x: &Array, mut r: Array) -> Result<Array> {
-        if let Some(n) = &self.post_attn_norm {
-            r = n.forward(&r)?;
+    /// `x` plus the update `r`, normalised by `post` and scaled as the architecture says.
+    fn residual(&self, x: &Array, post: &Option<Norm>, r: Array) -> Result<Array> {
+        let mut r = norm(post, &r)?;
+        if let Some(s) = self.residual_scale {
+            r = ops::multiply(&r, &scalar(s, &r)?)?;
         }
-        let h = ops::add(x, &r)?;
-        let mut r = self.mlp.forward(&self.pre_mlp_norm.forward(&h)?)?;
-        if let Some(n) = &self.post_mlp_norm {
-            r = n.forward(&r)?;
-        }
-        Ok(ops::add(&h, &r)?)
+        Ok(ops::add(x, &r)?)
     }
+}
+
+/// `x` normalised by `n`, or as is without one.
+fn norm(n: &Option<Norm>, x: &Array) -> Result<Array> {
+    match n {
+        Some(n) => n.forward(x),
+        None => Ok(x.clone()),
+    }
+}
+
+/// What some architectures do around the output projection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OutputScaling {
+    None,
+    /// MiniCPM divides the final hidden states by this before the projection.
+    DivideHidden(f32),
+    /// Granite divides the logits by this.
+    DivideLogits(f32),
+    /// Gemma 2 soft-caps the logits at ± this.
+    Softcap(f32),
 }
 
 pub struct Decoder {
     pub config: ModelConfig,
     pub embed_tokens: Embedding,
-    /// Gemma multiplies embeddings by √hidden_size, rounded to bf16.
+    /// Embeddings are multiplied by this, in their dtype (Gemma's √hidden_size, Granite's and
+    /// MiniCPM's multipliers).
     pub embed_scale: Option<f32>,
     pub layers: Vec<Block>,
-    pub norm: RmsNorm,
+    pub norm: Norm,
     /// `None` = tied to the embedding.
     pub lm_head: Option<Linear>,
+    pub output_scaling: OutputScaling,
     /// Window of the sliding layers.
     pub sliding_window: usize,
     /// What identifies the weights (see `model::fingerprint`), set by `create_model`.
@@ -76,14 +119,22 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// `model.embed_tokens`, `layers`, `model.norm` and `lm_head` (absent when `tied`).
+    /// `model.embed_tokens`, `layers`, `model.norm` (RMSNorm) and `lm_head` (absent when `tied`).
     pub fn assemble(w: &Weights, cfg: ModelConfig, layers: Vec<Block>, tied: bool, sliding_window: usize) -> Result<Decoder> {
+        let norm = RmsNorm::load(w, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?.into();
+        let lm_head = Self::lm_head(w, &cfg, tied)?;
+        Self::new(w, cfg, layers, norm, lm_head, sliding_window)
+    }
+
+    /// `model.embed_tokens` and the given parts, embeddings and logits unscaled.
+    pub fn new(w: &Weights, cfg: ModelConfig, layers: Vec<Block>, norm: Norm, lm_head: Option<Linear>, sliding_window: usize) -> Result<Decoder> {
         Ok(Decoder {
             embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", cfg.vocab_size, cfg.hidden_size)?,
             embed_scale: None,
             layers,
-            norm: RmsNorm::load(w, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?,
-            lm_head: Self::lm_head(w, &cfg, tied)?,
+            norm,
+            lm_head,
+            output_scaling: OutputScaling::None,
             sliding_window,
             fingerprint: String::new(),
             config: cfg,
@@ -103,7 +154,7 @@ impl Decoder {
     fn embed(&self, ids: &Array) -> Result<Array> {
         let h = self.embed_tokens.forward(ids)?;
         Ok(match self.embed_scale {
-            Some(s) => ops::multiply(&h, &Array::from_f32(s).as_dtype(Dtype::Bfloat16)?.as_dtype(h.dtype())?)?,
+            Some(s) => ops::multiply(&h, &scalar(s, &h)?)?,
             None => h,
         })
     }
@@ -160,10 +211,18 @@ impl LanguageModel for Decoder {
             Logits::Last => h.index((.., -1.., ..)),
             Logits::All => h,
         };
-        let h = self.norm.forward(&h)?;
-        Ok(Some(match &self.lm_head {
+        let mut h = self.norm.forward(&h)?;
+        if let OutputScaling::DivideHidden(s) = self.output_scaling {
+            h = ops::divide(&h, &scalar(s, &h)?)?;
+        }
+        let logits = match &self.lm_head {
             Some(head) => head.forward(&h)?,
             None => self.embed_tokens.as_linear(&h)?,
+        };
+        Ok(Some(match self.output_scaling {
+            OutputScaling::DivideLogits(s) => ops::divide(&logits, &scalar(s, &logits)?)?,
+            OutputScaling::Softcap(cap) => softcap(&logits, cap)?,
+            OutputScaling::None | OutputScaling::DivideHidden(_) => logits,
         }))
     }
 }
@@ -171,6 +230,8 @@ impl LanguageModel for Decoder {
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
+
+    use mlx_rs::Dtype;
 
     use super::*;
     use crate::error::Error;

@@ -5,7 +5,7 @@
 //! rope_local_base_freq.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Activation, Attention, AttentionSpec, Embedding, Mlp, NormKind, RmsNorm, Rope};
+use super::layers::{AttentionSpec, NormKind, RmsNorm, Rope};
 use super::weights::Weights;
 use super::Sliding;
 use crate::error::Result;
@@ -15,42 +15,29 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
     let Sliding { layers: kinds, window } = sliding(&cfg)?;
     let local_base = cfg.f32_or("rope_local_base_freq", 10_000.0);
     let scale = cfg.f32_or("query_pre_attn_scalar", 256.0).powf(-0.5);
-    let norm = |path: String| RmsNorm::load_offset(w, &path, d, eps);
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
-            let p = format!("model.layers.{i}");
             let sliding = kinds[i];
             let spec = AttentionSpec {
-                head_dim: hd,
-                qkv_bias: false,
-                o_bias: false,
-                fused_qkv: false,
                 qk_norm: Some(NormKind::Offset),
                 scale,
-                rope: Rope::new(&cfg, hd, sliding.then_some(local_base))?,
+                ..AttentionSpec::plain(hd, Rope::new(&cfg, hd, sliding.then_some(local_base))?)
             };
-            Ok(Block {
-                input_norm: norm(format!("{p}.input_layernorm"))?,
-                attn: Attention::load(w, &cfg, &format!("{p}.self_attn"), spec)?,
-                post_attn_norm: Some(norm(format!("{p}.post_attention_layernorm"))?),
-                pre_mlp_norm: norm(format!("{p}.pre_feedforward_layernorm"))?,
-                mlp: Mlp::load(w, &cfg, &format!("{p}.mlp"), Activation::GeluApprox, false)?,
-                post_mlp_norm: Some(norm(format!("{p}.post_feedforward_layernorm"))?),
-                sliding,
-            })
+            Block::sandwich(w, &cfg, i, spec, sliding)
         })
         .collect::<Result<_>>()?;
-    Ok(Decoder {
-        embed_tokens: Embedding::load(w, &cfg, "model.embed_tokens", cfg.vocab_size, d)?,
-        embed_scale: Some((d as f32).sqrt()),
-        layers,
-        norm: norm("model.norm".into())?,
-        // Gemma ties the output projection exactly when the checkpoint has no lm_head.
-        lm_head: Decoder::lm_head(w, &cfg, !w.has("lm_head.weight"))?,
-        sliding_window: window,
-        fingerprint: String::new(),
-        config: cfg,
-    })
+    // Gemma ties the output projection exactly when the checkpoint has no lm_head.
+    let lm_head = Decoder::lm_head(w, &cfg, !w.has("lm_head.weight"))?;
+    // mlx-lm rounds √hidden to bf16 before casting it to the activations' dtype.
+    let embed_scale = Some(round_to_bf16((d as f32).sqrt()));
+    let final_norm = RmsNorm::load_offset(w, "model.norm", d, eps)?.into();
+    Ok(Decoder { embed_scale, ..Decoder::new(w, cfg, layers, final_norm, lm_head, window)? })
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as an f32: bf16 is f32's top 16 bits.
+fn round_to_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
 }
 
 /// Every `sliding_window_pattern`-th layer (default 6) is global; the others slide over

@@ -10,6 +10,7 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::{fast, ops, Array, Dtype};
 
+use super::blocks::{gelu, softcapped_attention};
 use super::config::{ModelConfig, QuantParams, RopeScaling};
 use super::weights::{F32Matmuls, Weights};
 use crate::cache::{CacheView, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
@@ -293,7 +294,20 @@ impl Rope {
         })
     }
 
+    /// Unscaled RoPE over `dims` features, whatever `rope_scaling` says (mlx-lm's `nn.RoPE`).
+    pub fn plain(dims: usize, base: f32, traditional: bool) -> Self {
+        Rope { dims: dims as i32, traditional, base: Some(base), scale: 1.0, freqs: None, input_scale: None }
+    }
+
+    /// No rotation (SmolLM3's NoPE layers see positions only through the causal mask).
+    pub fn none() -> Self {
+        Self::plain(0, 0.0, false)
+    }
+
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         let x = self.scale_input(x)?;
         Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
     }
@@ -301,6 +315,9 @@ impl Rope {
     /// A batch whose row `i` starts at position `offsets[i]` ([B] int32), in one op. MLX gives
     /// each row exactly what `forward` gives it alone.
     pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        if self.dims == 0 {
+            return Ok(x.clone());
+        }
         let x = self.scale_input(x)?;
         Ok(fast::rope_dynamic(&x, self.dims, self.traditional, self.base, self.scale, offsets, self.freqs.as_ref())?)
     }
@@ -358,17 +375,28 @@ pub struct AttentionSpec {
     pub qk_norm: Option<NormKind>,
     pub scale: f32,
     pub rope: Rope,
+    /// Gemma 2 caps the attention scores at ± this (cap · tanh(s / cap)).
+    pub softcap: Option<f32>,
+}
+
+impl AttentionSpec {
+    /// Separate q/k/v projections without biases or norms, scores scaled by head_dim^-½.
+    pub fn plain(head_dim: usize, rope: Rope) -> Self {
+        AttentionSpec { head_dim, qkv_bias: false, o_bias: false, fused_qkv: false, qk_norm: None, scale: (head_dim as f32).powf(-0.5), rope, softcap: None }
+    }
 }
 
 #[derive(Clone, Copy)]
 pub enum NormKind {
     Plain,
     Offset,
+    /// Plain, over all heads of the q or k projection at once, before the split (OLMo 2).
+    Whole,
 }
 
 fn load_norm(kind: NormKind, w: &Weights, path: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
     match kind {
-        NormKind::Plain => RmsNorm::load(w, path, dim, eps),
+        NormKind::Plain | NormKind::Whole => RmsNorm::load(w, path, dim, eps),
         NormKind::Offset => RmsNorm::load_offset(w, path, dim, eps),
     }
 }
@@ -379,11 +407,14 @@ pub struct Attention {
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// The q/k norms apply to whole projections rather than to each head.
+    qk_norm_whole: bool,
     n_heads: i32,
     n_kv_heads: i32,
     head_dim: i32,
     scale: f32,
     rope: Rope,
+    softcap: Option<f32>,
 }
 
 impl Attention {
@@ -399,26 +430,30 @@ impl Attention {
                 v: Linear::load(w, cfg, &format!("{path}.v_proj"), nkv * hd, d, spec.qkv_bias)?,
             }
         };
-        let norm = |name: &str| -> Result<Option<RmsNorm>> {
-            spec.qk_norm.map(|k| load_norm(k, w, &format!("{path}.{name}"), hd, cfg.rms_norm_eps)).transpose()
+        let whole = matches!(spec.qk_norm, Some(NormKind::Whole));
+        let norm = |name: &str, heads: usize| -> Result<Option<RmsNorm>> {
+            let dim = if whole { heads * hd } else { hd };
+            spec.qk_norm.map(|k| load_norm(k, w, &format!("{path}.{name}"), dim, cfg.rms_norm_eps)).transpose()
         };
         Ok(Attention {
             qkv,
             o_proj: Linear::load(w, cfg, &format!("{path}.o_proj"), d, nh * hd, spec.o_bias)?,
-            q_norm: norm("q_norm")?,
-            k_norm: norm("k_norm")?,
+            q_norm: norm("q_norm", nh)?,
+            k_norm: norm("k_norm", nkv)?,
+            qk_norm_whole: whole,
             n_heads: nh as i32,
             n_kv_heads: nkv as i32,
             head_dim: hd as i32,
             scale: spec.scale,
             rope: spec.rope,
+            softcap: spec.softcap,
         })
     }
 
     /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied.
     fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, k, v) = match &self.qkv {
+        let (mut q, mut k, v) = match &self.qkv {
             Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
             Qkv::Fused(p) => {
                 let qkv = p.forward(x)?;
@@ -427,11 +462,15 @@ impl Attention {
                 (qkv.index((.., .., ..qn)), qkv.index((.., .., qn..qn + kn)), qkv.index((.., .., qn + kn..)))
             }
         };
+        if let (Some(qn), Some(kn), true) = (&self.q_norm, &self.k_norm, self.qk_norm_whole) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
         let split = |t: Array, heads: i32| -> Result<Array> { Ok(t.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?) };
         let mut q = split(q, self.n_heads)?;
         let mut k = split(k, self.n_kv_heads)?;
         let v = split(v, self.n_kv_heads)?;
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+        if let (Some(qn), Some(kn), false) = (&self.q_norm, &self.k_norm, self.qk_norm_whole) {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
@@ -447,7 +486,18 @@ impl Attention {
     /// Cache update, then attention, for one sequence whose q and k carry their positions.
     fn attend(&self, q: &Array, k: Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (k, v) = cache.update_and_fetch(k, v)?;
+        if self.softcap.is_some() {
+            return self.sdpa(q, &k, &v, mask.sdpa());
+        }
         Ok(fast::scaled_dot_product_attention(q, &k, &v, self.scale, mask.sdpa(), None)?)
+    }
+
+    /// MLX's fused attention, or the explicit soft-capped one when scores are capped.
+    fn sdpa(&self, q: &Array, k: &Array, v: &Array, mask: Option<ScaledDotProductAttentionMask>) -> Result<Array> {
+        match self.softcap {
+            Some(cap) => softcapped_attention(q, k, v, self.scale, cap, mask),
+            None => Ok(fast::scaled_dot_product_attention(q, k, v, self.scale, mask, None)?),
+        }
     }
 
     fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array> {
@@ -493,7 +543,7 @@ impl Attention {
     /// Attention over a stacked cache after the step's write (`k`, `v`: every column in use).
     fn attend_stacked(&self, q: &Array, k: &Array, v: &Array, step: &StackedStep) -> Result<Array> {
         let spans = match &step.attention {
-            StackedAttention::Batched(mask) => return Ok(fast::scaled_dot_product_attention(q, k, v, self.scale, mask.sdpa(), None)?),
+            StackedAttention::Batched(mask) => return self.sdpa(q, k, v, mask.sdpa()),
             StackedAttention::Rows(spans) => spans,
         };
         let (l, end) = (q.shape()[2], k.shape()[2]);
@@ -511,7 +561,7 @@ impl Attention {
                 };
                 let q = if s.pad == 0 { q.index(i..i + 1) } else { q.index((i..i + 1, .., s.pad.., ..)) };
                 let mask = (l - s.pad > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                let o = fast::scaled_dot_product_attention(&q, &cols(k)?, &cols(v)?, self.scale, mask, None)?;
+                let o = self.sdpa(&q, &cols(k)?, &cols(v)?, mask)?;
                 pad_front(o, s.pad)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -534,8 +584,10 @@ fn pad_front(o: Array, pad: i32) -> Result<Array> {
 pub enum Activation {
     /// SwiGLU: silu(gate) · up.
     Silu,
-    /// GeGLU with the tanh approximation (Gemma).
+    /// GeGLU with the tanh approximation (Gemma 2 and 3).
     GeluApprox,
+    /// GeGLU with exact GELU (Gemma).
+    Gelu,
 }
 
 enum GateUp {
@@ -577,6 +629,7 @@ impl Mlp {
         let hidden = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,
+            Activation::Gelu => ops::multiply(&gelu(&gate)?, &up)?,
         };
         self.down_proj.forward(&hidden)
     }

@@ -9,6 +9,12 @@ use super::Sliding;
 use crate::error::{Error, Result};
 
 pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
+    let rope = vec![true; cfg.num_hidden_layers];
+    build(w, cfg, &rope)
+}
+
+/// The Llama model whose layer `i` applies RoPE when `rope[i]` (SmolLM3 turns some off).
+pub fn build(w: &Weights, cfg: ModelConfig, rope: &[bool]) -> Result<Decoder> {
     let hd = cfg.head_dim;
     let Sliding { layers: sliding, window } = sliding(&cfg)?;
     let layers = (0..cfg.num_hidden_layers)
@@ -20,7 +26,8 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
                 fused_qkv: false,
                 qk_norm: None,
                 scale: (hd as f32).powf(-0.5),
-                rope: Rope::new(&cfg, hd, None)?,
+                rope: if rope[i] { Rope::new(&cfg, hd, None)? } else { Rope::none() },
+                softcap: None,
             };
             Block::pre_norm(w, &cfg, i, spec, false, sliding[i])
         })

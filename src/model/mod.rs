@@ -1,17 +1,26 @@
 //! Model loading and architectures. `load_model` turns a folder or a GGUF file into a
 //! `LanguageModel`; each architecture lives in its own file.
+pub mod blocks;
 pub mod config;
 pub mod convert;
 pub mod decoder;
+pub mod gemma;
+pub mod gemma2;
 pub mod gemma3_text;
+pub mod glm4;
 pub mod gguf;
 pub mod gguf_quants;
 pub mod gguf_weights;
+pub mod granite;
 pub mod layers;
 pub mod llama;
+pub mod minicpm;
+pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod smollm3;
+pub mod starcoder2;
 pub mod text;
 pub mod weights;
 
@@ -114,6 +123,14 @@ const QWEN2: Arch = Arch { load: qwen2::load, sliding: all_full };
 const QWEN3: Arch = Arch { load: qwen3::load, sliding: all_full };
 const GEMMA3: Arch = Arch { load: gemma3_text::load, sliding: gemma3_text::sliding };
 const PHI3: Arch = Arch { load: phi3::load, sliding: all_full };
+const GEMMA: Arch = Arch { load: gemma::load, sliding: all_full };
+const GEMMA2: Arch = Arch { load: gemma2::load, sliding: all_full };
+const SMOLLM3: Arch = Arch { load: smollm3::load, sliding: llama::sliding };
+const OLMO2: Arch = Arch { load: olmo2::load, sliding: all_full };
+const GLM4: Arch = Arch { load: glm4::load, sliding: all_full };
+const GRANITE: Arch = Arch { load: granite::load, sliding: all_full };
+const STARCODER2: Arch = Arch { load: starcoder2::load, sliding: all_full };
+const MINICPM: Arch = Arch { load: minicpm::load, sliding: all_full };
 
 /// The architecture implementing `config`: its `model_type`, else its HF `architectures` class.
 fn arch(config: &ModelConfig) -> Result<&'static Arch> {
@@ -123,6 +140,14 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
         "qwen3" => Some(&QWEN3),
         "gemma3_text" => Some(&GEMMA3),
         "phi3" => Some(&PHI3),
+        "gemma" => Some(&GEMMA),
+        "gemma2" => Some(&GEMMA2),
+        "smollm3" => Some(&SMOLLM3),
+        "olmo2" => Some(&OLMO2),
+        "glm4" => Some(&GLM4),
+        "granite" => Some(&GRANITE),
+        "starcoder2" => Some(&STARCODER2),
+        "minicpm" => Some(&MINICPM),
         _ => None,
     };
     let by_class = || {
@@ -133,6 +158,14 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
                 "Qwen3ForCausalLM" => Some(&QWEN3),
                 "Gemma3ForCausalLM" => Some(&GEMMA3),
                 "Phi3ForCausalLM" => Some(&PHI3),
+                "GemmaForCausalLM" => Some(&GEMMA),
+                "Gemma2ForCausalLM" => Some(&GEMMA2),
+                "SmolLM3ForCausalLM" => Some(&SMOLLM3),
+                "Olmo2ForCausalLM" => Some(&OLMO2),
+                "Glm4ForCausalLM" => Some(&GLM4),
+                "GraniteForCausalLM" => Some(&GRANITE),
+                "Starcoder2ForCausalLM" => Some(&STARCODER2),
+                "MiniCPMForCausalLM" => Some(&MINICPM),
                 _ => None,
             }
         })

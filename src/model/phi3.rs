@@ -19,6 +19,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
                 qk_norm: None,
                 scale: (hd as f32).powf(-0.5),
                 rope: Rope::new(&cfg, rope_dims, None)?,
+                softcap: None,
             };
             Block::pre_norm(w, &cfg, i, spec, true, false)
         })

@@ -18,6 +18,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
                 qk_norm: Some(NormKind::Plain),
                 scale: (hd as f32).powf(-0.5),
                 rope: Rope::new(&cfg, hd, None)?,
+                softcap: None,
             };
             Block::pre_norm(w, &cfg, i, spec, false, false)
         })
