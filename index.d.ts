@@ -6,6 +6,7 @@ export type ErrorCode =
   | 'INVALID_WEIGHTS'
   | 'INVALID_CONFIG'
   | 'INVALID_CACHE_FILE'
+  | 'INVALID_LOGITS_DUMP'
   | 'UNSUPPORTED_MODEL_TYPE'
   | 'UNSUPPORTED_QUANTIZATION'
   | 'INVALID_TENSOR'
@@ -271,6 +272,23 @@ export interface GenerateOptions {
   draftModel?: Model
   /** Proposals per step with a `draftModel`, 1 to 64. Default 3 (mlx-lm's). */
   numDraftTokens?: number
+  /**
+   * Quantized KV caches (mlx-lm's `kv_bits`): keys and values are stored MLX-affine quantized
+   * (2, 3, 4, 5, 6 or 8 bits) once a layer's cache holds `quantizedKvStart` positions, and
+   * attention runs on them through quantized matmuls. Sliding-window layers are quantized too.
+   * Such rows share the continuous batch; with a `draftModel` the draft is not used
+   * (placement's `draft-incompatible-with-request`). Default: off.
+   */
+  kvBits?: number
+  /** 32, 64 or 128; the head dimension must be a multiple of it. Default 64. */
+  kvGroupSize?: number
+  /** Positions a layer's cache holds before it is quantized. Default 5000, or 0 with `kvConfig`. */
+  quantizedKvStart?: number
+  /**
+   * Per-layer quantization (`loadModelConfig(dir).kvQuant`, read from kv_config.json); layers it
+   * does not list stay unquantized. Overrides `kvBits`.
+   */
+  kvConfig?: KvQuantSpec[]
   /**
    * A cache from `model.makeCache()`; its `offset` must be smaller than the prompt's length, it
    * must be this model's and not in use by another generation (else `INVALID_OPTION`, thrown at

@@ -50,10 +50,13 @@ test("an engine reports what it can do, and its requests are placed against that
     const c = engine.capabilities
     assert.equal(c.method, 'autoregressive')
     assert.equal(c.continuous, true)
-    // Grammar rows, grammar proposals, fill rows and fill before a draft join the batch, and speculative rows carry
-    // logprobs; nothing else mlx-bun's placement knows is claimed: this engine has none of it yet.
+    // Grammar rows, grammar proposals, fill rows, fill before a draft and rows with quantized KV caches join the
+    // batch, and speculative rows carry logprobs; nothing else mlx-bun's placement knows is claimed: this engine has
+    // none of it yet.
     const claimed = Object.entries(c).filter(([k, v]) => v === true && k !== 'continuous').map(([k]) => k)
-    assert.deepEqual(claimed.sort(), ['grammarBatch', 'sharedFill', 'sharedGrammarProposals', 'sharedSpeculativeEcho', 'speculativeLogprobs'])
+    assert.deepEqual(claimed.sort(), ['grammarBatch', 'quantizedBatch', 'sharedFill', 'sharedGrammarProposals', 'sharedSpeculativeEcho', 'speculativeLogprobs'])
+    // A kvBits request shares the batch.
+    assert.equal(resolveExecution({ ...plain, kvQuant: true }, c).mechanism, 'continuous')
     assert.deepEqual([...c.groupedMethods], ['autoregressive', 'speculative'])
     const placed = resolveExecution(plain, c)
     assert.equal(placed.mechanism, 'continuous')

@@ -6,7 +6,8 @@ const { coded } = require('./errors')
 // any other unknown key is INVALID_OPTION, naming the known key it most resembles.
 const GENERATE_KEYS = ['maxTokens', 'prefillChunkSize', 'eosTokenIds', 'temperature', 'topP', 'topK', 'minP', 'minTokensToKeep',
   'repetitionPenalty', 'repetitionContextSize', 'presencePenalty', 'presenceContextSize', 'frequencyPenalty', 'frequencyContextSize',
-  'logitBias', 'seed', 'logprobs', 'topLogprobs', 'cache', 'grammar', 'draftModel', 'numDraftTokens']
+  'logitBias', 'seed', 'logprobs', 'topLogprobs', 'cache', 'grammar', 'draftModel', 'numDraftTokens',
+  'kvBits', 'kvGroupSize', 'quantizedKvStart', 'kvConfig']
 const OPTION_KEYS = {
   generate: new Set([...GENERATE_KEYS, 'signal']),
   request: new Set([...GENERATE_KEYS, 'promptTokens', 'messages', 'chat', 'cacheNamespace', 'sessionId']),
@@ -28,10 +29,6 @@ const OPTION_KEYS = {
   kvConfig: new Set(['layerIdx', 'bits', 'groupSize']),
 }
 const NOT_YET = {
-  kvBits: 'quantized KV caches',
-  kvGroupSize: 'quantized KV caches',
-  quantizedKvStart: 'quantized KV caches',
-  kvConfig: 'quantized KV caches',
   xtcProbability: 'XTC sampling',
   xtcThreshold: 'XTC sampling',
   adapters: 'LoRA adapters',
@@ -80,6 +77,13 @@ function checkKeys(kind, obj) {
     let near = null
     for (const k of known) if (distance(key, k) <= Math.max(2, Math.floor(k.length / 4)) && (near === null || distance(key, k) < distance(key, near))) near = k
     throw coded('INVALID_OPTION', `${key}: not a ${kind} option${near ? ` (did you mean '${near}'?)` : ''}`)
+  }
+  if ((kind === 'generate' || kind === 'request') && obj.kvConfig != null) {
+    if (!Array.isArray(obj.kvConfig)) throw coded('INVALID_OPTION', 'kvConfig: must be a list of { layerIdx, bits, groupSize }')
+    for (const entry of obj.kvConfig) {
+      if (entry === null || typeof entry !== 'object') throw coded('INVALID_OPTION', 'kvConfig: every entry must be { layerIdx, bits, groupSize }')
+      checkKeys('kvConfig', entry)
+    }
   }
 }
 

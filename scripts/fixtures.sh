@@ -18,11 +18,11 @@ convert smollm2-exact
 
 BLAS=/usr/lib/$(uname -m)-linux-gnu/libopenblas.so.0
 PRELOAD=""; [ -f "$BLAS" ] && PRELOAD=$BLAS
-reference() { # NAME MODEL MAX_TOKENS LOGITS
+reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS]
   local spec="$OUT/spec-$1.json"
   [ -f "$OUT/ref-$1.json" ] && return
   cat > "$spec" <<JSON
-{"model": "$OUT/$2", "max_tokens": $3, "logits": $4,
+{"model": "$OUT/$2", "max_tokens": $3, "logits": $4, ${5:-}
  "prompts": [
    {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
    {"text": "The quick brown fox"},
@@ -50,6 +50,24 @@ if [ "$(cat "$OUT/tiny/tiny_models.sha256" 2>/dev/null)" != "$TINY_SUM" ]; then
   LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
   echo "$TINY_SUM" > "$OUT/tiny/tiny_models.sha256"
 fi
+
+# Quantized KV caches (generate_step's kv_bits, converted from the first step on): SmolLM2 f32,
+# and the tiny Qwen3 (head_dim 32, so group 32) over a prompt longer than one 256-position block.
+reference f32-kv8 smollm2-f32 32 false '"kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0,'
+reference f32-kv4 smollm2-f32 32 false '"kv_bits": 4, "kv_group_size": 64, "quantized_kv_start": 0,'
+tiny_kv() { # BITS (made again with the tiny models)
+  [ "$OUT/ref-tiny-kv$1.json" -nt "$OUT/tiny/tiny_models.sha256" ] && return
+  local long; long=$(.venv/bin/python -c "print([(7 * i + 3) % 250 + 2 for i in range(300)])")
+  cat > "$OUT/spec-tiny-kv$1.json" <<JSON
+{"model": "$OUT/tiny/qwen3", "tokenizer": false, "max_tokens": 64, "logits": false,
+ "kv_bits": $1, "kv_group_size": 32, "quantized_kv_start": 0,
+ "prompts": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $long}]}
+JSON
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-tiny-kv$1.json" "$OUT/ref-tiny-kv$1.json.part"
+  mv "$OUT/ref-tiny-kv$1.json.part" "$OUT/ref-tiny-kv$1.json"
+}
+tiny_kv 8
+tiny_kv 4
 
 # Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and a bf16 folder made by our convert.
 GEMMA="$OUT/gemma-3-270m-q4_k_m.gguf"

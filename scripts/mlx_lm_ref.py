@@ -16,7 +16,9 @@ SPEC (every key but "model" optional):
         {"ids": [1, 2, 3]}        # any prompt may also carry its own "max_tokens"
       ],
       "tokenize": ["text1", ...],
-      "templates": [{"messages": [...], "add_generation_prompt": true, "tools": null}]
+      "templates": [{"messages": [...], "add_generation_prompt": true, "tools": null}],
+      "kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0,  # generate_step's KV quantization
+      "tokenizer": false           # the folder has no tokenizer (tiny models): "ids" prompts only
     }
 
 Prompt ids are built the way mlx-lm builds them:
@@ -143,7 +145,7 @@ def build_prompt(tokenizer, p, warnings):
     raise SystemExit(f"prompt needs one of text/messages/ids: {p!r}")
 
 
-def run_prompt(model, tokenizer, ids, max_tokens, want_logits):
+def run_prompt(model, tokenizer, ids, max_tokens, want_logits, kv):
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
@@ -169,7 +171,7 @@ def run_prompt(model, tokenizer, ids, max_tokens, want_logits):
     t0 = time.perf_counter()
     t_first = None
     for tok, lp in generate_step(
-        mx.array(ids), tap, max_tokens=max_tokens, sampler=sampler, prompt_cache=cache
+        mx.array(ids), tap, max_tokens=max_tokens, sampler=sampler, prompt_cache=cache, **kv
     ):
         if t_first is None:
             t_first = time.perf_counter()
@@ -178,14 +180,15 @@ def run_prompt(model, tokenizer, ids, max_tokens, want_logits):
     t_end = time.perf_counter()
     res["tokens"] = tokens
     res["token_logprobs"] = logprobs
-    res["text"] = tokenizer.decode(tokens)
-    det = tokenizer.detokenizer
-    for t in tokens:
-        det.add_token(t)
-    det.finalize()
-    res["stream_text"] = det.text
-    eos = set(tokenizer.eos_token_ids)
-    res["first_eos_index"] = next((i for i, t in enumerate(tokens) if t in eos), None)
+    if tokenizer is not None:
+        res["text"] = tokenizer.decode(tokens)
+        det = tokenizer.detokenizer
+        for t in tokens:
+            det.add_token(t)
+        det.finalize()
+        res["stream_text"] = det.text
+        eos = set(tokenizer.eos_token_ids)
+        res["first_eos_index"] = next((i for i, t in enumerate(tokens) if t in eos), None)
     res["timing"] = {
         "prompt_tokens": len(ids),
         "time_to_first_token_s": round((t_first or t_end) - t0, 4),
@@ -231,8 +234,14 @@ def main(argv=None):
     import mlx_lm
 
     t0 = time.perf_counter()
-    model, tokenizer = mlx_lm.load(spec["model"])
+    if spec.get("tokenizer", True):
+        model, tokenizer = mlx_lm.load(spec["model"])
+    else:
+        from pathlib import Path
+        from mlx_lm.utils import load_model
+        model, tokenizer = load_model(Path(spec["model"]))[0], None
     load_s = time.perf_counter() - t0
+    kv = {k: spec[k] for k in ("kv_bits", "kv_group_size", "quantized_kv_start") if k in spec}
 
     warnings = []
     out = info()
@@ -240,25 +249,29 @@ def main(argv=None):
         "model": spec["model"],
         "max_tokens": max_tokens,
         "load_s": round(load_s, 3),
-        "eos_token_ids": sorted(int(x) for x in tokenizer.eos_token_ids),
-        "bos_token": tokenizer.bos_token,
-        "bos_token_id": tokenizer.bos_token_id,
-        "has_chat_template": bool(tokenizer.has_chat_template),
-        "vocab_size_tokenizer": len(tokenizer),
+        "kv": kv,
         "warnings": warnings,
         "results": [],
         "tokenize": [],
         "templates": [],
     })
+    if tokenizer is not None:
+        out.update({
+            "eos_token_ids": sorted(int(x) for x in tokenizer.eos_token_ids),
+            "bos_token": tokenizer.bos_token,
+            "bos_token_id": tokenizer.bos_token_id,
+            "has_chat_template": bool(tokenizer.has_chat_template),
+            "vocab_size_tokenizer": len(tokenizer),
+        })
 
     for p in spec.get("prompts", []):
         ids, extra = build_prompt(tokenizer, p, warnings)
         n = int(p.get("max_tokens", max_tokens))
-        r = run_prompt(model, tokenizer, ids, n, want_logits)
+        r = run_prompt(model, tokenizer, ids, n, want_logits, kv)
         r.update(extra)
         out["results"].append(r)
         print(f"[mlx_lm_ref] {extra['source']}: {len(ids)} prompt ids -> {r['tokens']} "
-              f"{r['text']!r} ({r['timing']})", file=sys.stderr)
+              f"{r.get('text')!r} ({r['timing']})", file=sys.stderr)
 
     for text in spec.get("tokenize", []):
         with_sp = list(tokenizer.encode(text, add_special_tokens=True))

@@ -296,7 +296,8 @@ fn row_kv(caches: &[LayerCache]) -> Result<RowKv> {
     caches
         .iter()
         .map(|c| match c {
-            LayerCache::Plain(c) => Ok(c.contents()),
+            LayerCache::Plain(c) if c.quantization().is_none() => Ok(c.contents().map(|(k, v)| (k.plain().expect("plain").clone(), v.plain().expect("plain").clone()))),
+            LayerCache::Plain(_) => Err(Error::Internal("quantized caches do not stack".into())),
             LayerCache::Rotating(_) => Err(Error::Mlx("sliding-window caches do not stack".into())),
         })
         .collect()
@@ -328,6 +329,7 @@ mod tests {
         let parked = b.take(1).unwrap();
         let LayerCache::Plain(c) = &parked[0] else { panic!() };
         let (k, _) = c.contents().unwrap();
+        let k = k.plain().unwrap();
         let got: Vec<f32> = (0..4).map(|i| k.index((0, 0, i, 0)).item_exact()).collect();
         assert_eq!(got, [1.0, 1.0, 1.0, 9.0]);
         // The first positions of a stacked row, copied out; an ended row's caches, copied out.
@@ -337,6 +339,7 @@ mod tests {
         let ended = b.take_ended(2).unwrap();
         let LayerCache::Plain(c) = &ended[0] else { panic!() };
         let (k, _) = c.contents().unwrap();
+        let k = k.plain().unwrap();
         let got: Vec<f32> = (0..6).map(|i| k.index((0, 0, i, 0)).item_exact()).collect();
         assert_eq!(got, [2.0, 2.0, 2.0, 2.0, 2.0, 9.0]);
         // A forgotten stacked row is dropped at the next arrangement, not parked.

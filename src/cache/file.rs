@@ -89,10 +89,19 @@ fn dtype_of(name: &str) -> Option<Dtype> {
 
 /// The positions one layer holds, as the file keeps them.
 fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
-    Ok((kind(c), match c {
+    let kv = match c {
         LayerCache::Plain(c) => c.contents(),
         LayerCache::Rotating(c) => c.ordered()?,
-    }))
+    };
+    let plain = match &kv {
+        None => None,
+        Some((k, v)) => match (k.plain(), v.plain()) {
+            (Some(k), Some(v)) => Some((k.clone(), v.clone())),
+            // The file format has no fields for packed words, scales and biases.
+            _ => return Err(Error::UnsupportedOption { option: "kvBits".into(), reason: "quantized KV caches cannot be saved to a file yet".into() }),
+        },
+    };
+    Ok((kind(c), plain))
 }
 
 fn kind(c: &LayerCache) -> Kind {

@@ -1,9 +1,10 @@
-//! KV caches (plain, rotating, stacked), the attention masks that go with them, the view one
-//! forward step writes through, and the prefix cache.
+//! KV caches (plain, rotating, quantized, stacked), the attention masks that go with them, the
+//! view one forward step writes through, and the prefix cache.
 mod batch;
 pub mod file;
 mod kv;
 mod prefix;
+mod quantized;
 mod rotating;
 mod view;
 
@@ -11,6 +12,7 @@ pub use batch::{BatchKvCache, RowSpan, StackedAttention, StackedStep};
 pub use view::{CacheView, RowsStep, StepShape};
 pub use kv::KvCache;
 pub use prefix::{PrefixCache, PrefixHit, PrefixStats};
+pub use quantized::{attention, Kv, KvPolicy, KvQuant, KvQuantOptions};
 pub use rotating::RotatingKvCache;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
@@ -65,10 +67,26 @@ impl LayerCache {
         }
     }
 
-    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<(Kv, Kv)> {
         match self {
             LayerCache::Plain(c) => c.update_and_fetch(keys, values),
             LayerCache::Rotating(c) => c.update_and_fetch(keys, values),
+        }
+    }
+
+    /// How it is quantized, if it is.
+    pub fn quantization(&self) -> Option<KvQuant> {
+        match self {
+            LayerCache::Plain(c) => c.quantization(),
+            LayerCache::Rotating(c) => c.quantization(),
+        }
+    }
+
+    /// Quantizes what it holds and every position written from now on.
+    pub fn quantize(&mut self, q: KvQuant) -> Result<()> {
+        match self {
+            LayerCache::Plain(c) => c.quantize(q),
+            LayerCache::Rotating(c) => c.quantize(q),
         }
     }
 

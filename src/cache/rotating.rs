@@ -1,10 +1,12 @@
 //! The rotating KV cache of sliding-window layers, with mlx-lm's RotatingKVCache semantics: at
 //! most `max_size` positions (plus the chunk being written), `keep` leading positions never
 //! evicted, single-token writes rotate in place, multi-token writes re-order into temporal order
-//! and trim. Once it has wrapped it cannot be trimmed.
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+//! and trim. Once it has wrapped it cannot be trimmed. It can be quantized as a plain cache can
+//! (mlx-bun converts sliding layers too; mlx-lm does not): the same moves, on quantized parts.
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
+use super::quantized::{Kv, KvQuant};
 use crate::error::Result;
 
 const STEP: i32 = 256;
@@ -12,17 +14,18 @@ const STEP: i32 = 256;
 /// Cloning is a cheap snapshot, as for `KvCache`.
 #[derive(Clone)]
 pub struct RotatingKvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    keys: Option<Kv>,
+    values: Option<Kv>,
     offset: i32,
     max_size: i32,
     keep: i32,
     idx: i32,
+    scheme: Option<KvQuant>,
 }
 
 impl RotatingKvCache {
     pub fn new(max_size: usize, keep: usize) -> Self {
-        RotatingKvCache { keys: None, values: None, offset: 0, max_size: max_size as i32, keep: keep as i32, idx: 0 }
+        RotatingKvCache { keys: None, values: None, offset: 0, max_size: max_size as i32, keep: keep as i32, idx: 0, scheme: None }
     }
 
     pub fn offset(&self) -> usize {
@@ -37,8 +40,21 @@ impl RotatingKvCache {
         self.keep as usize
     }
 
+    pub fn quantization(&self) -> Option<KvQuant> {
+        self.scheme
+    }
+
+    /// Quantizes what it holds, and every position written from now on.
+    pub fn quantize(&mut self, q: KvQuant) -> Result<()> {
+        for kv in [&mut self.keys, &mut self.values].into_iter().flatten() {
+            *kv = kv.quantized(q)?;
+        }
+        self.scheme = Some(q);
+        Ok(())
+    }
+
     /// The positions held, in temporal order (what a saved cache keeps), if any.
-    pub fn ordered(&self) -> Result<Option<(Array, Array)>> {
+    pub fn ordered(&self) -> Result<Option<(Kv, Kv)>> {
         match (&self.keys, &self.values) {
             (Some(k), Some(v)) if self.offset > 0 => Ok(Some((self.temporal_order(k)?, self.temporal_order(v)?))),
             _ => Ok(None),
@@ -49,7 +65,8 @@ impl RotatingKvCache {
     /// ([1, heads, L, dim], L ≤ offset), in temporal order: the state a multi-token write leaves.
     pub fn from_ordered(max_size: usize, keep: usize, keys: Array, values: Array, offset: usize) -> Self {
         let idx = keys.shape()[2];
-        RotatingKvCache { keys: Some(keys), values: Some(values), offset: offset as i32, max_size: max_size as i32, keep: keep as i32, idx }
+        let (keys, values) = (Some(Kv::Plain(keys)), Some(Kv::Plain(values)));
+        RotatingKvCache { keys, values, offset: offset as i32, max_size: max_size as i32, keep: keep as i32, idx, scheme: None }
     }
 
     /// Whether `trim` can still remove positions (not once the window has wrapped).
@@ -69,53 +86,43 @@ impl RotatingKvCache {
     }
 
     pub fn state(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
+        self.keys.iter().chain(self.values.iter()).flat_map(Kv::parts).collect()
     }
 
-    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
-        if keys.shape()[2] == 1 {
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<(Kv, Kv)> {
+        let (keys, values) = (Kv::new(keys, self.scheme)?, Kv::new(values, self.scheme)?);
+        if keys.len() == 1 {
             self.update_in_place(keys, values)
         } else {
             self.update_concat(keys, values)
         }
     }
 
-    fn drop_oldest(&self, trim: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
-        let mut parts = if trim > 0 {
-            vec![v.index((Ellipsis, ..self.keep, ..)), v.index((Ellipsis, (trim + self.keep).., ..))]
-        } else {
-            vec![v.clone()]
-        };
+    fn drop_oldest(&self, trim: i32, v: &Kv, append: Option<&Kv>) -> Result<Kv> {
+        let mut parts = if trim > 0 { vec![v.cols(0..self.keep), v.cols(trim + self.keep..v.len())] } else { vec![v.clone()] };
         parts.extend(append.cloned());
-        Ok(ops::concatenate(&parts, 2)?)
+        Kv::concat(&parts)
     }
 
     /// The cache in temporal order, unused room sliced off.
-    fn temporal_order(&self, v: &Array) -> Result<Array> {
-        let len = v.shape()[2];
+    fn temporal_order(&self, v: &Kv) -> Result<Kv> {
+        let len = v.len();
         Ok(if self.idx == len {
             v.clone()
         } else if self.idx < self.offset {
-            ops::concatenate(
-                &[
-                    v.index((Ellipsis, ..self.keep, ..)),
-                    v.index((Ellipsis, self.idx.., ..)),
-                    v.index((Ellipsis, self.keep..self.idx, ..)),
-                ],
-                2,
-            )?
+            Kv::concat(&[v.cols(0..self.keep), v.cols(self.idx..len), v.cols(self.keep..self.idx)])?
         } else {
-            v.index((Ellipsis, ..self.idx, ..))
+            v.cols(0..self.idx)
         })
     }
 
-    fn update_concat(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
-        let n = keys.shape()[2];
+    fn update_concat(&mut self, keys: Kv, values: Kv) -> Result<(Kv, Kv)> {
+        let n = keys.len();
         match (self.keys.take(), self.values.take()) {
             (Some(k), Some(v)) => {
                 let k = self.temporal_order(&k)?;
                 let v = self.temporal_order(&v)?;
-                self.idx = k.shape()[2];
+                self.idx = k.len();
                 // Keep max_size - 1 old positions so every new token sees a full window.
                 let trim = self.idx - self.max_size + 1;
                 self.keys = Some(self.drop_oldest(trim, &k, Some(&keys))?);
@@ -128,30 +135,28 @@ impl RotatingKvCache {
         }
         self.offset += n;
         let k = self.keys.clone().expect("set above");
-        self.idx = k.shape()[2];
+        self.idx = k.len();
         Ok((k, self.values.clone().expect("set above")))
     }
 
-    fn update_in_place(&mut self, keys: Array, values: Array) -> Result<(Array, Array)> {
-        let s = keys.shape().to_vec();
+    fn update_in_place(&mut self, keys: Kv, values: Kv) -> Result<(Kv, Kv)> {
         let prev = self.offset;
         let grow = match &self.keys {
             None => true,
-            Some(k) => prev >= k.shape()[2] && k.shape()[2] < self.max_size,
+            Some(k) => prev >= k.len() && k.len() < self.max_size,
         };
         if grow {
             let size = STEP.min(self.max_size - prev);
-            let room = |like: &Array| ops::zeros_dtype(&[s[0], s[1], size, like.shape()[3]], like.dtype());
-            let (nk, nv) = (room(&keys)?, room(&values)?);
+            let (nk, nv) = (keys.room(size)?, values.room(size)?);
             let (k, v) = match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => (ops::concatenate(&[k, nk], 2)?, ops::concatenate(&[v, nv], 2)?),
+                (Some(k), Some(v)) => (Kv::concat(&[k, nk])?, Kv::concat(&[v, nv])?),
                 _ => (nk, nv),
             };
             self.keys = Some(k);
             self.values = Some(v);
             self.idx = prev;
         }
-        let len = self.keys.as_ref().expect("allocated above").shape()[2];
+        let len = self.keys.as_ref().expect("allocated above").len();
         let trim = len - self.max_size;
         if trim > 0 {
             let k = self.drop_oldest(trim, self.keys.as_ref().unwrap(), None)?;
@@ -163,14 +168,14 @@ impl RotatingKvCache {
         if self.idx == self.max_size {
             self.idx = self.keep;
         }
-        let (start, end) = (self.idx, self.idx + s[2]);
-        self.keys.as_mut().unwrap().try_index_mut((Ellipsis, start..end, ..), &keys)?;
-        self.values.as_mut().unwrap().try_index_mut((Ellipsis, start..end, ..), &values)?;
-        self.offset += s[2];
-        self.idx += s[2];
+        let (start, end) = (self.idx, self.idx + 1);
+        self.keys.as_mut().unwrap().write(start..end, &keys)?;
+        self.values.as_mut().unwrap().write(start..end, &values)?;
+        self.offset += 1;
+        self.idx += 1;
         let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        if self.offset < k.shape()[2] {
-            Ok((k.index((Ellipsis, ..self.offset, ..)), v.index((Ellipsis, ..self.offset, ..))))
+        if self.offset < k.len() {
+            Ok((k.cols(0..self.offset), v.cols(0..self.offset)))
         } else {
             Ok((k.clone(), v.clone()))
         }
@@ -212,7 +217,8 @@ mod tests {
         Array::from_slice(&vals, &[1, 1, n, 1])
     }
 
-    fn positions(a: &Array) -> Vec<f32> {
+    fn positions(a: &Kv) -> Vec<f32> {
+        let a = a.plain().unwrap();
         a.eval().unwrap();
         a.as_slice::<f32>().to_vec()
     }

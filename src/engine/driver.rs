@@ -257,7 +257,13 @@ impl Driver {
                 let caches = match cache {
                     Some(lease) => Caches::Caller(lease, caller_caches.clone()),
                     None if placed.prompt_cache && prefix.borrow().enabled() => {
-                        Caches::Prefix(PrefixUse { cache: prefix.clone(), namespace: key.namespace, session: key.session })
+                        // Caches quantized differently hold different numbers: each scheme has
+                        // its own entries.
+                        let namespace = match opts.kv.policy(model.new_cache().len(), model.config().head_dim)? {
+                            Some(kv) => format!("{}\u{0}{}", key.namespace, kv.tag()),
+                            None => key.namespace,
+                        };
+                        Caches::Prefix(PrefixUse { cache: prefix.clone(), namespace, session: key.session })
                     }
                     None => Caches::Fresh,
                 };

@@ -226,7 +226,7 @@ impl Generation {
         };
         Ok(Generation {
             constraint,
-            caches: RowCaches::new(model.new_cache()),
+            caches: RowCaches::fresh(model.as_ref(), &opts)?,
             model,
             prompt,
             prefilled: 0,

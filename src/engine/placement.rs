@@ -207,10 +207,11 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 /// speculative rows: a draft model's proposals, with fill's before them (`sharedSpeculativeEcho`)
 /// and logprobs at each kept position (`speculativeLogprobs`),
 /// or grammar proposals (the tokens a grammar forces, fed as one multi-token step:
-/// mlx-bun places those rows as the speculative method). Everything else mlx-bun's placement
-/// knows (quantized KV, media, adapters, paged KV, checkpoints, compiled decode) this engine does
-/// not have yet, and the requests that would need it are refused before they get here
-/// (`UNSUPPORTED_OPTION`).
+/// mlx-bun places those rows as the speculative method), and rows with quantized KV caches
+/// (`quantizedBatch`: they share the batch's forward, attending over their own caches). Everything
+/// else mlx-bun's placement knows (quantized KV under a draft, media, adapters, paged KV,
+/// checkpoints, compiled decode) this engine does not have yet, and the requests that would need
+/// it are refused before they get here (`UNSUPPORTED_OPTION`) or, for a draft, run without it.
 pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
     ExecutionCapabilities {
         method: Method::Autoregressive,
@@ -221,6 +222,7 @@ pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
         shared_fill: continuous,
         shared_speculative_echo: continuous,
         speculative_logprobs: true,
+        quantized_batch: continuous,
         ..Default::default()
     }
 }
@@ -240,6 +242,7 @@ pub fn for_generation(opts: &GenerateOptions, has_draft: bool, features: &Execut
         wants_logprobs: opts.wants_logprobs(),
         has_grammar: opts.grammar.is_some(),
         has_draft,
+        kv_quant: opts.kv.is_on(),
         ..Default::default()
     };
     resolve_execution(&requirements, &capabilities(true), features)

@@ -12,10 +12,11 @@ use mlx_rs::{ops, Array};
 
 use super::method::{Row, Step};
 use super::session::Output;
-use crate::cache::{BatchKvCache, CacheView, LayerCache};
+use crate::cache::{BatchKvCache, CacheView, KvPolicy, LayerCache};
 use crate::error::{Error, Result};
 use crate::mlx::{backend, gate};
-use crate::model::{Logits, StepContext, Tokens};
+use crate::model::{LanguageModel, Logits, StepContext, Tokens};
+use crate::sample::GenerateOptions;
 
 static NEXT_ROW: AtomicU64 = AtomicU64::new(1);
 
@@ -33,11 +34,42 @@ pub struct RowCaches {
     id: u64,
     own: Vec<LayerCache>,
     stack: Option<Rc<RefCell<BatchKvCache>>>,
+    /// The request's KV quantization: its caches are converted after the step that makes them
+    /// due, and, quantized or not, never stacked (the stacked cache holds plain keys).
+    kv: Option<KvPolicy>,
+    /// Positions held when its prompt's prefill began, where its own prefill chunks start.
+    prefill_from: Option<usize>,
 }
 
 impl RowCaches {
-    pub fn new(own: Vec<LayerCache>) -> Self {
-        RowCaches { id: NEXT_ROW.fetch_add(1, Ordering::Relaxed), own, stack: None }
+    pub fn new(own: Vec<LayerCache>, kv: Option<KvPolicy>) -> Self {
+        RowCaches { id: NEXT_ROW.fetch_add(1, Ordering::Relaxed), own, stack: None, kv, prefill_from: None }
+    }
+
+    /// A model's fresh caches for a request with these options.
+    pub fn fresh(model: &dyn LanguageModel, opts: &GenerateOptions) -> Result<Self> {
+        let own = model.new_cache();
+        let kv = opts.kv.policy(own.len(), model.config().head_dim)?;
+        Ok(RowCaches::new(own, kv))
+    }
+
+    fn stackable(&self) -> bool {
+        self.kv.is_none()
+    }
+
+    /// After a step that fed it `count` tokens: quantizes the layers that are due. mlx-lm
+    /// converts caches after each of its model calls: every prefill chunk of `chunk` prompt
+    /// tokens, the prompt's last, and every decode step. A batch's budget may split a chunk; the
+    /// caches are then converted only where the request's own chunk would have ended, so that a
+    /// row's numbers do not depend on the rows beside it.
+    fn quantize_after(&mut self, count: usize, prefill: bool, prompt_done: bool, chunk: usize) -> Result<()> {
+        let Some(policy) = &self.kv else { return Ok(()) };
+        let held = self.own.first().map_or(0, LayerCache::offset);
+        let from = *self.prefill_from.get_or_insert(held.saturating_sub(count));
+        if !prefill || prompt_done || (held - from) % chunk.max(1) == 0 {
+            policy.quantize_due(&mut self.own)?;
+        }
+        Ok(())
     }
 
     /// Its own caches, taken back from a stack first.
@@ -191,7 +223,8 @@ fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>])
         }
     };
     let ctx = StepContext { logits: want, check: (want == Logits::None).then_some(&check as &dyn Fn() -> Result<()>) };
-    let out = if want != Logits::None && picked.len() > 1 && model.stackable() && picked.iter().all(|r| r.stackable()) {
+    let stackable = picked.iter_mut().all(|r| r.stackable() && r.caches().stackable());
+    let out = if want != Logits::None && picked.len() > 1 && model.stackable() && stackable {
         let stack = stack(&mut picked)?;
         let mut stack = stack.borrow_mut();
         model.forward(&tokens, CacheView::Stacked(&mut stack), &ctx)?
@@ -202,6 +235,10 @@ fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>])
         }
         model.forward(&tokens, CacheView::Rows(&mut own), &ctx)?
     };
+    for (r, feed) in picked.iter_mut().zip(&chosen) {
+        let (prefill, left, chunk) = (feed.logits == Logits::None, r.prompt_left(), r.chunk_limit());
+        r.caches().quantize_after(feed.count, prefill, feed.count >= left, chunk)?;
+    }
     let Some(out) = out else {
         mlx_rs::memory::clear_cache()?;
         return Ok(logits);

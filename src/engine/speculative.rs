@@ -146,7 +146,7 @@ impl Speculative {
                     .map(|(config, plan)| FillSession::new(&config, plan, &eos, &prompt))
                     .transpose()?;
                 let mut row = Speculative {
-                    caches: RowCaches::new(model.new_cache()),
+                    caches: RowCaches::fresh(model.as_ref(), &opts)?,
                     source: Caches::Fresh,
                     sampler: Sampler::new(opts.sampling.clone(), &prompt)?,
                     model,

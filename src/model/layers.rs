@@ -487,9 +487,13 @@ impl Attention {
     fn attend(&self, q: &Array, k: Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
         let (k, v) = cache.update_and_fetch(k, v)?;
         if self.softcap.is_some() {
-            return self.sdpa(q, &k, &v, mask.sdpa());
+            // Soft-capped scores need the keys themselves (mlx-lm has no quantized variant).
+            let (Some(k), Some(v)) = (k.plain(), v.plain()) else {
+                return Err(Error::UnsupportedOption { option: "kvBits".into(), reason: "quantized KV caches are not supported with soft-capped attention".into() });
+            };
+            return self.sdpa(q, k, v, mask.sdpa());
         }
-        Ok(fast::scaled_dot_product_attention(q, &k, &v, self.scale, mask.sdpa(), None)?)
+        crate::cache::attention(q, &k, &v, self.scale, mask)
     }
 
     /// MLX's fused attention, or the explicit soft-capped one when scores are capped.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use napi::bindgen_prelude::{Either, Uint32Array};
 use napi_derive::napi;
 
+use crate::cache::{KvQuant, KvQuantOptions};
 use crate::engine::inference::PrefixKey;
 use crate::engine::speculative::DEFAULT_DRAFT_TOKENS;
 use crate::error::{Error, Result};
@@ -39,9 +40,22 @@ pub struct GenerateOptionsJs {
     pub grammar: Option<serde_json::Value>,
     /// Proposals per step with a `draftModel` (the model itself is a separate argument).
     pub num_draft_tokens: Option<f64>,
+    pub kv_bits: Option<f64>,
+    pub kv_group_size: Option<f64>,
+    pub quantized_kv_start: Option<f64>,
+    /// Per-layer KV quantization, as `loadModelConfig().kvQuant` reads it from kv_config.json.
+    pub kv_config: Option<Vec<KvQuantSpecJs>>,
     /// Engine requests only: the prefix-cache namespace and the caller's conversation id.
     pub cache_namespace: Option<String>,
     pub session_id: Option<String>,
+}
+
+/// One layer's KV quantization (`kvConfig` entries).
+#[napi(object)]
+pub struct KvQuantSpecJs {
+    pub layer_idx: f64,
+    pub bits: f64,
+    pub group_size: f64,
 }
 
 fn uint(name: &'static str, v: f64) -> Result<u32> {
@@ -109,6 +123,20 @@ impl GenerateOptionsJs {
             logprobs: self.logprobs.unwrap_or(d.logprobs),
             top_logprobs: self.top_logprobs.map(|v| uint("topLogprobs", v)).transpose()?.unwrap_or(d.top_logprobs),
             grammar: self.grammar.filter(|g| !g.is_null()).map(|g| GrammarSpec::from_json(&g)).transpose()?,
+            kv: KvQuantOptions {
+                bits: self.kv_bits.map(|v| positive("kvBits", v).map(|b| b as i32)).transpose()?,
+                group_size: self.kv_group_size.map(|v| positive("kvGroupSize", v).map(|g| g as i32)).transpose()?.unwrap_or(64),
+                start: self.quantized_kv_start.map(|v| uint("quantizedKvStart", v).map(|n| n as usize)).transpose()?,
+                config: self
+                    .kv_config
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| {
+                        let q = KvQuant { bits: positive("kvConfig", e.bits)? as i32, group_size: positive("kvConfig", e.group_size)? as i32 };
+                        Ok((uint("kvConfig", e.layer_idx)? as usize, q))
+                    })
+                    .collect::<Result<_>>()?,
+            },
         })
     }
 }

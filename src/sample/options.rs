@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 
 use super::grammar::GrammarSpec;
+use crate::cache::KvQuantOptions;
 use crate::error::{Error, Result};
 
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -61,6 +62,8 @@ pub struct GenerateOptions {
     pub top_logprobs: u32,
     /// The output must follow this grammar (`sample::grammar`).
     pub grammar: Option<GrammarSpec>,
+    /// Quantized KV caches (`kvBits`, `kvGroupSize`, `quantizedKvStart`, `kvConfig`).
+    pub kv: KvQuantOptions,
 }
 
 impl Default for GenerateOptions {
@@ -73,6 +76,7 @@ impl Default for GenerateOptions {
             logprobs: false,
             top_logprobs: 0,
             grammar: None,
+            kv: KvQuantOptions::default(),
         }
     }
 }
@@ -126,7 +130,7 @@ impl GenerateOptions {
         if let Some(g) = &self.grammar {
             g.check()?;
         }
-        Ok(())
+        self.kv.validate()
     }
 
     pub fn wants_logprobs(&self) -> bool {
