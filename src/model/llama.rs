@@ -3,7 +3,8 @@
 //! attention over `sliding_window` positions.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{AttentionSpec, Rope};
+use super::layers::AttentionSpec;
+use super::rope::Rope;
 use super::weights::Weights;
 use super::Sliding;
 use crate::error::{Error, Result};

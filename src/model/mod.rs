@@ -19,6 +19,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod rope;
 pub mod smollm3;
 pub mod starcoder2;
 pub mod text;

@@ -2,7 +2,8 @@
 //! and head_dim = hidden / heads.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{AttentionSpec, Rope};
+use super::layers::AttentionSpec;
+use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
 

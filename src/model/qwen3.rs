@@ -2,7 +2,8 @@
 //! `head_dim`, no projection biases.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{AttentionSpec, NormKind, Rope};
+use super::layers::{AttentionSpec, NormKind};
+use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
 
