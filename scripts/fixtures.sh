@@ -3,6 +3,7 @@
 #   home/models/SmolLM2-135M-Instruct.Q4_1.gguf   fetched by our own `mlx-bun pull` (PyPI wheel)
 #   smollm2-f32, smollm2-q4, smollm2-exact         written from that GGUF by our own `mlx-bun convert`
 #   ref-*.json                                      mlx-lm 0.32.2's outputs on those folders
+#   teacher-f32/                                    mlx-lm's teacher-logits dump for `mlx-bun eval kl`
 # mlx-lm runs on the same libmlx with the same BLAS as the addon (OpenBLAS preloaded).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,16 @@ JSON
 reference f32 smollm2-f32 64 true
 reference q4 smollm2-q4 16 false
 reference exact smollm2-exact 16 false
+
+# mlx-lm as the teacher for `mlx-bun eval` on a short text: its perplexity, and a format-1
+# teacher-logits dump (the manifest is written last, so its presence means the dump is whole).
+EVAL_TEXT=__test__/eval-text.txt
+if [ ! -f "$OUT/ref-eval.json" ]; then
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_eval.py perplexity --model "$OUT/smollm2-f32" --text $EVAL_TEXT --ctx 256 > "$OUT/ref-eval.json.part"
+  mv "$OUT/ref-eval.json.part" "$OUT/ref-eval.json"
+fi
+[ -f "$OUT/teacher-f32/manifest.json" ] || LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_eval.py dump \
+  --model "$OUT/smollm2-f32" --text $EVAL_TEXT --out "$OUT/teacher-f32" --ctx 128 --n 2 --top-k 64 --chunk 48 >/dev/null
 
 # Tiny random-weight models of every architecture, with mlx-lm's outputs; made again whenever
 # scripts/tiny_models.py changes (an architecture added, a config changed), so a kept fixtures

@@ -19,6 +19,10 @@ pub enum Error {
     /// A saved KV cache that cannot be restored: damaged, of another version, or of another model.
     #[error("{path}: {reason}")]
     InvalidCacheFile { path: PathBuf, reason: String },
+    /// A teacher-logits dump (`mlx-bun eval kl --reference-logits`) that cannot be scored:
+    /// damaged, cut short, of another format version or of another vocabulary.
+    #[error("{path}: {reason}")]
+    InvalidDump { path: PathBuf, reason: String },
     #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3, gemma, gemma2, smollm3, olmo2, glm4, granite, starcoder2, minicpm)")]
     UnsupportedModelType(String),
     #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
@@ -99,6 +103,7 @@ impl Error {
             Error::InvalidWeights { .. } => "INVALID_WEIGHTS",
             Error::InvalidConfig { .. } => "INVALID_CONFIG",
             Error::InvalidCacheFile { .. } => "INVALID_CACHE_FILE",
+            Error::InvalidDump { .. } => "INVALID_LOGITS_DUMP",
             Error::UnsupportedModelType(_) => "UNSUPPORTED_MODEL_TYPE",
             Error::UnsupportedQuant { .. } => "UNSUPPORTED_QUANTIZATION",
             Error::Tensor { .. } => "INVALID_TENSOR",

@@ -3,6 +3,7 @@ pub mod cache;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod fit;
 pub mod hub;
 pub mod mlx;

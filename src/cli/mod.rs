@@ -1,8 +1,9 @@
-//! The `mlx-bun` command line: `pull`, `generate`, `chat`, `ls`, `get`, `fit`, `bench`, `serve` and
-//! `convert`. The same entry point serves the Rust binary and `npx mlx-bun` (through the addon's
-//! `runCli`).
+//! The `mlx-bun` command line: `pull`, `generate`, `chat`, `ls`, `get`, `fit`, `bench`, `eval`,
+//! `serve` and `convert`. The same entry point serves the Rust binary and `npx mlx-bun` (through
+//! the addon's `runCli`).
 mod bench;
 mod chat;
+mod eval;
 mod fit;
 mod hub;
 
@@ -118,6 +119,11 @@ enum Command {
         #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
         prefill_chunk_size: u32,
     },
+    /// Measure quality: perplexity of a text, KL against a saved teacher's logits.
+    ///
+    /// On the serving path (the engine's caches, a chunk of positions a forward); `eval dump`
+    /// writes such a teacher dump from a model.
+    Eval(eval::EvalArgs),
     /// Serve OpenAI- and Anthropic-compatible HTTP APIs over one model.
     ///
     /// /v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /health, /stats and
@@ -306,6 +312,7 @@ fn execute(cmd: Command) -> Result<()> {
         Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
             bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
         }
+        Command::Eval(args) => eval::eval(args),
         Command::Serve(args) => serve(args),
         Command::Convert { model, out, dtype, q_bits, q_group_size } => {
             let dtype = dtype.map(|d| match d {
