@@ -1,8 +1,9 @@
 'use strict'
 // `mlx-bun eval` end to end on real weights: perplexity equal to mlx-lm's on the same text, our
 // teacher-logits dump against mlx-lm's (scripts/mlx_lm_eval.py, made by scripts/fixtures.sh), KL
-// exactly 0 for a dump scored against the model that made it, and damaged dumps refused with
-// INVALID_LOGITS_DUMP before any forward where the manifest and file sizes show it.
+// exactly 0 for a dump scored against the model that made it (and what 8- and 4-bit KV caches
+// cost against it), and damaged dumps refused with INVALID_LOGITS_DUMP, before any forward where
+// the manifest and file sizes show it.
 const { test } = require('node:test')
 const assert = require('node:assert/strict')
 const { spawnSync } = require('node:child_process')
@@ -103,7 +104,7 @@ test('our dump matches mlx-lm\'s, and the f32 model scored against mlx-lm\'s agr
   console.log(`smollm2-f32 vs mlx-lm's dump: KL mean ${r.report.kl.mean}, p95 ${r.report.kl.p95}, captured mass ${r.report.capturedMass.mean}`)
 })
 
-test('a dump scored against the model that made it, at the same chunk: KL exactly 0, top-1 agreement 1', () => {
+test('a dump scored against the model that made it, at the same chunk: KL exactly 0, top-1 agreement 1; 8- and 4-bit KV against it', () => {
   // A bf16 model: its logits are exact in the dump's f16 (the seed's saved-teacher case).
   const model = fixture('gemma3-bf16')
   const dir = path.join(tmpdir('eval-self'), 'dump')
@@ -113,6 +114,20 @@ test('a dump scored against the model that made it, at the same chunk: KL exactl
   assert.deepEqual(r.report.kl, { mean: 0, p95: 0, max: 0 })
   assert.equal(r.report.top1Agreement, 1)
   assert.ok(r.report.capturedMass.mean > 0 && r.report.capturedMass.mean <= 1)
+
+  // What a quantized KV cache costs against the bf16 one the dump was made with (quantized from
+  // the first chunk on): something at 8 bits, more at 4.
+  const [kv8, kv4] = ['8', '4'].map((bits) => json('kl', '--candidate', model, '--reference-logits', dir, '--chunk', '24', '--kv-bits', bits))
+  assert.equal(kv8.kvBits, 8)
+  assert.equal(kv4.kvBits, 4)
+  assert.ok(kv8.report.kl.mean > 0 && kv4.report.kl.mean > kv8.report.kl.mean, `${kv8.report.kl.mean} ${kv4.report.kl.mean}`)
+  assert.ok(kv8.report.top1Agreement > 0.5 && kv4.report.top1Agreement > 0.5)
+  for (const [bits, k] of [[8, kv8], [4, kv4]]) {
+    console.log(`gemma3-bf16, ${bits}-bit KV vs bf16 KV: KL mean ${k.report.kl.mean}, p95 ${k.report.kl.p95}, top-1 agreement ${k.report.top1Agreement}`)
+  }
+  const bad = run('kl', '--candidate', model, '--reference-logits', dir, '--kv-bits', '7')
+  assert.equal(bad.status, 1)
+  assert.match(bad.stderr, /kvBits: bits must be one of 2, 3, 4, 5, 6, 8, got 7 \(INVALID_OPTION\)/)
 })
 
 test('damaged dumps are INVALID_LOGITS_DUMP, never a panic or a huge allocation', () => {

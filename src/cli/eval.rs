@@ -10,7 +10,8 @@ use serde_json::json;
 use crate::engine::EngineThread;
 use crate::error::{Error, Result};
 use crate::eval::dump::{self, Dump, DumpWriter, Manifest};
-use crate::eval::forward;
+use crate::cache::KvQuantOptions;
+use crate::eval::forward::{self, Pass};
 use crate::eval::metrics::{KlSummary, Perplexity};
 use crate::model::{create_model, open_config, open_source, LanguageModel};
 use crate::progress::{Progress, Ticker};
@@ -37,6 +38,8 @@ enum EvalCommand {
         text: PathBuf,
         #[command(flatten)]
         window: Window,
+        #[command(flatten)]
+        kv: KvFlags,
         /// Print one JSON object instead of the text report.
         #[arg(long)]
         json: bool,
@@ -59,6 +62,8 @@ enum EvalCommand {
         /// Positions per forward (compare candidates at one chunk: it changes the rounding).
         #[arg(long, default_value_t = DEFAULT_CHUNK, value_parser = clap::value_parser!(u32).range(1..))]
         chunk: u32,
+        #[command(flatten)]
+        kv: KvFlags,
         /// Print one JSON object instead of the text report.
         #[arg(long)]
         json: bool,
@@ -100,10 +105,34 @@ struct Window {
     chunk: u32,
 }
 
+/// The evaluated model's KV cache quantized, with mlx-lm's flags: what that costs is the KL
+/// against a dump made with a plain cache. The teacher's (`eval dump`) stays plain.
+#[derive(Args)]
+struct KvFlags {
+    /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8); plain by default.
+    #[arg(long)]
+    kv_bits: Option<i32>,
+    /// Group size of the KV cache's quantization (32, 64 or 128).
+    #[arg(long, default_value_t = 64)]
+    kv_group_size: i32,
+    /// Positions a layer's cache holds before it is quantized (unlike generate's 5000, 0: an
+    /// evaluation's windows are short, and the cost is measured from the first chunk on).
+    #[arg(long, default_value_t = 0)]
+    quantized_kv_start: usize,
+}
+
+impl KvFlags {
+    fn options(&self) -> Result<KvQuantOptions> {
+        let o = KvQuantOptions { bits: self.kv_bits, group_size: self.kv_group_size, start: Some(self.quantized_kv_start), config: Vec::new() };
+        o.validate()?;
+        Ok(o)
+    }
+}
+
 pub fn eval(a: EvalArgs) -> Result<()> {
     match a.command {
-        EvalCommand::Perplexity { model, text, window, json } => perplexity(&model, &text, &window, json),
-        EvalCommand::Kl { candidate, reference_logits, n, chunk, json } => kl(&candidate, &reference_logits, n, chunk as usize, json),
+        EvalCommand::Perplexity { model, text, window, kv, json } => perplexity(&model, &text, &window, kv.options()?, json),
+        EvalCommand::Kl { candidate, reference_logits, n, chunk, kv, json } => kl(&candidate, &reference_logits, n, chunk as usize, kv.options()?, json),
         EvalCommand::Dump { model, text, out, window, n, top_k } => write_dump(&model, &text, &out, &window, n, top_k as usize),
     }
 }
@@ -156,42 +185,50 @@ fn slices(windows: &[Vec<u32>]) -> Vec<&[u32]> {
     windows.iter().map(Vec::as_slice).collect()
 }
 
-fn perplexity(model: &Path, text: &Path, w: &Window, json: bool) -> Result<()> {
+fn perplexity(model: &Path, text: &Path, w: &Window, kv: KvQuantOptions, json: bool) -> Result<()> {
     let (ctx, chunk) = (w.ctx as usize, w.chunk as usize);
     let Text { tokens, windows, .. } = read_text(model, text, ctx, None)?;
     let count = windows.len();
-    let losses = on_model(model, "perplexity", (count * (ctx - 1)) as u64, move |m, tick| forward::losses(m, &slices(&windows), chunk, tick))?;
+    let bits = kv.bits;
+    let losses = on_model(model, "perplexity", (count * (ctx - 1)) as u64, move |m, tick| forward::losses(m, &slices(&windows), &Pass::new(m, chunk, &kv)?, tick))?;
     let p = Perplexity::from_losses(&losses);
     if json {
-        let out = json!({"model": model, "text": text, "tokens": tokens, "ctx": ctx, "chunk": chunk, "windows": count,
+        let out = json!({"model": model, "text": text, "tokens": tokens, "ctx": ctx, "chunk": chunk, "kvBits": bits, "windows": count,
             "scored": p.scored, "meanNll": p.mean_nll, "perplexity": p.perplexity, "standardError": p.standard_error});
         println!("{out}");
     } else {
         println!("perplexity {:.4} ± {:.4}  (mean NLL {:.6})", p.perplexity, p.standard_error, p.mean_nll);
-        println!("  {} tokens scored in {count} windows of {ctx} ({tokens} in the text), chunk {chunk}", p.scored);
+        println!("  {} tokens scored in {count} windows of {ctx} ({tokens} in the text), chunk {chunk}{}", p.scored, kv_note(bits));
     }
     Ok(())
 }
 
-fn kl(candidate: &Path, dir: &Path, n: Option<u32>, chunk: usize, json: bool) -> Result<()> {
+fn kl(candidate: &Path, dir: &Path, n: Option<u32>, chunk: usize, kv: KvQuantOptions, json: bool) -> Result<()> {
     let dump = Dump::open(dir)?;
     let vocab = open_config(candidate)?.vocab_size;
     dump.check_vocab(vocab)?;
     let m = dump.manifest.clone();
     let seqs = n.map_or(m.n_seqs, |n| (n as u64).min(m.n_seqs)) as usize;
-    let summary: KlSummary = on_model(candidate, "kl", seqs as u64 * m.positions_per_seq, move |model, tick| forward::score(model, &dump, seqs, chunk, tick))?;
+    let bits = kv.bits;
+    let summary: KlSummary = on_model(candidate, "kl", seqs as u64 * m.positions_per_seq, move |model, tick| {
+        forward::score(model, &dump, seqs, &Pass::new(model, chunk, &kv)?, tick)
+    })?;
     let r = summary.report();
     if json {
-        let out = json!({"candidate": candidate, "reference": dir, "referenceModel": m.model, "sequences": seqs, "topK": m.top_k, "chunk": chunk, "report": r});
+        let out = json!({"candidate": candidate, "reference": dir, "referenceModel": m.model, "sequences": seqs, "topK": m.top_k, "chunk": chunk, "kvBits": bits, "report": r});
         println!("{out}");
         return Ok(());
     }
     println!("KL of {} against {} ({})", candidate.display(), dir.display(), m.model);
-    println!("  {seqs} sequences × {} positions, top-{}, chunk {chunk}", m.positions_per_seq, m.top_k);
+    println!("  {seqs} sequences × {} positions, top-{}, chunk {chunk}{}", m.positions_per_seq, m.top_k, kv_note(bits));
     println!("  KL             mean {:.6e}  p95 {:.6e}  max {:.6e}", r.kl.mean, r.kl.p95, r.kl.max);
     println!("  captured mass  mean {:.6}  min {:.6}", r.captured_mass.mean, r.captured_mass.min);
     println!("  top-1 agreement {:.4}", r.top1_agreement);
     Ok(())
+}
+
+fn kv_note(bits: Option<i32>) -> String {
+    bits.map_or(String::new(), |b| format!(", {b}-bit KV cache"))
 }
 
 fn write_dump(model: &Path, text: &Path, out: &Path, w: &Window, n: Option<u32>, top_k: usize) -> Result<()> {
@@ -216,7 +253,7 @@ fn write_dump(model: &Path, text: &Path, out: &Path, w: &Window, n: Option<u32>,
     let writer = DumpWriter::create(out, manifest, &slices(&windows))?;
     let positions = (windows.len() * (ctx - 1)) as u64;
     let writer = on_model(model, "dump", positions, move |m, tick| {
-        forward::write_dump(m, &slices(&windows), chunk, top_k, &writer, tick)?;
+        forward::write_dump(m, &slices(&windows), &Pass { chunk, kv: None }, top_k, &writer, tick)?;
         Ok(writer)
     })?;
     writer.finish()?;
