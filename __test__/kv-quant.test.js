@@ -4,6 +4,7 @@
 // weights) and a tiny random Qwen3 (head_dim 32) over a prompt longer than one 256-position block.
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
+const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
@@ -125,6 +126,37 @@ describe('quantized KV caches on SmolLM2 f32 (real weights)', () => {
   })
 })
 
+describe('the server quantizes KV caches per kv_config.json, kvQuant bits, or not at all', () => {
+  test('kvQuant: config (the default) applies kv_config.json; 4 applies 4 bits; off and a folder without one: plain', async () => {
+    const ref4 = readJson('ref-f32-kv4.json').results[1]
+    const dir = tmpdir('kv-config')
+    for (const f of fs.readdirSync(fixture('smollm2-f32'))) fs.symlinkSync(path.join(fixture('smollm2-f32'), f), path.join(dir, f))
+    const layers = mlx.loadModelConfig(fixture('smollm2-f32')).text.numHiddenLayers
+    fs.writeFileSync(path.join(dir, 'kv_config.json'), JSON.stringify(Array.from({ length: layers }, (_, i) => ({ layer_idx: i, bits: 4, group_size: 64 }))))
+    const complete = async (server) => {
+      const r = await fetch(`${server.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'm', prompt: 'The quick brown fox', max_tokens: 32, temperature: 0 }) })
+      assert.equal(r.status, 200)
+      return (await r.json()).choices[0].text
+    }
+    const servers = {
+      config: mlx.createServer(mlx.loadContext(dir, 'm'), 0, { log: 'off' }),
+      bits: mlx.createServer(mlx.loadContext(fixture('smollm2-f32'), 'm'), 0, { log: 'off', kvQuant: 4 }),
+      off: mlx.createServer(mlx.loadContext(dir, 'm'), 0, { log: 'off', kvQuant: 'off' }),
+      none: mlx.createServer(mlx.loadContext(fixture('smollm2-f32'), 'm'), 0, { log: 'off' }),
+    }
+    try {
+      assert.equal(await complete(servers.config), ref4.text)
+      assert.equal(await complete(servers.bits), ref4.text)
+      const plain = await complete(servers.off)
+      assert.notEqual(plain, ref4.text)
+      assert.equal(await complete(servers.none), plain)
+    } finally {
+      await Promise.all(Object.values(servers).map((s) => s.close()))
+    }
+  })
+})
+
 describe('quantized KV caches on a tiny random Qwen3', () => {
   let model
   before(async () => {
@@ -141,4 +173,38 @@ describe('quantized KV caches on a tiny random Qwen3', () => {
       }
     })
   }
+})
+
+describe('quantized sliding-window caches on a tiny random Gemma 3 (window 16)', () => {
+  // mlx-lm cannot quantize a rotating cache (NotImplementedError); mlx-bun does. The same moves
+  // (rotate in place, reorder and trim) on quantized parts: checked against itself across batching,
+  // and against the plain cache's tokens being different.
+  let model
+  before(async () => {
+    model = await mlx.loadModel(fixture('tiny/gemma3_text'))
+  })
+  after(() => model.dispose())
+
+  test('prompts past the window decode with 8- and 4-bit caches; batched rows equal each alone', async () => {
+    const prompt = (i) => Array.from({ length: 20 + 9 * i }, (_, j) => ((j * 37 + i * 11) % 250) + 2)
+    const requests = [
+      { promptTokens: prompt(0), maxTokens: 40, eosTokenIds: [], kvBits: 8, kvGroupSize: 32, quantizedKvStart: 0 },
+      { promptTokens: prompt(1), maxTokens: 40, eosTokenIds: [], kvBits: 4, kvGroupSize: 32, quantizedKvStart: 0 },
+      { promptTokens: prompt(2), maxTokens: 40, eosTokenIds: [] },
+    ]
+    const one = async (engine, r) => {
+      const o = await within(engine.open(r, { output: 'collect' }).result, 'a collect session', 60_000)
+      assert.equal(o.status, 'completed', JSON.stringify(o.error))
+      return Array.from(o.output)
+    }
+    const solo = mlx.createEngine(model, { prefixCacheBytes: 0 })
+    const alone = []
+    for (const r of requests) alone.push(await one(solo, r))
+    const plain = await one(solo, { ...requests[1], kvBits: undefined })
+    await solo.close()
+    assert.notDeepEqual(alone[1], plain, '4-bit sliding caches change the tokens')
+    const engine = mlx.createEngine(model, { maxActive: 3, prefixCacheBytes: 0 })
+    assert.deepEqual(await Promise.all(requests.map((r) => one(engine, r))), alone)
+    await engine.close()
+  })
 })

@@ -23,7 +23,7 @@ const OPTION_KEYS = {
   list: new Set(['vision', 'maxBytes', 'query']),
   download: new Set(['revision', 'cacheDir', 'endpoint', 'token', 'onProgress', 'allFiles']),
   server: new Set(['host', 'apiKey', 'corsOrigins', 'defaultMaxTokens', 'defaultTemperature', 'defaultTopP', 'defaultTopK',
-    'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs', 'fill']),
+    'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs', 'fill', 'kvQuant']),
   machine: new Set(['name', 'ramBytes', 'bandwidthGBs', 'chip', 'bandwidthSource']),
   kvScheme: new Set(['kvBits', 'kvGroupSize', 'kvConfig']),
   kvConfig: new Set(['layerIdx', 'bits', 'groupSize']),
@@ -38,7 +38,6 @@ const NOT_YET = {
 }
 // mlx-bun's server options this engine does not implement yet.
 const NOT_YET_SERVING = {
-  kvQuant: 'quantized KV caches',
   memoryBudgetBytes: 'memory budgets (refusing a model whose fit() leaves no context)',
   defaultThinking: 'thinking controls',
   defaultAdapter: 'LoRA adapters',

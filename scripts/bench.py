@@ -25,13 +25,14 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 model_path, n_prompt, n_gen, repeats, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+kv = {} if sys.argv[6] == "none" else {"kv_bits": int(sys.argv[6]), "kv_group_size": 64, "quantized_kv_start": int(sys.argv[7])}
 model, tok = load(model_path)
 vocab = model.args.vocab_size
 prompt = mx.array([(i * 7919 + 13) % vocab for i in range(n_prompt)])
 def run(n):
     t0 = time.perf_counter(); first = None; count = 0
     for token, _ in generate_step(prompt, model, max_tokens=n, sampler=lambda x: mx.argmax(x, axis=-1),
-                                  prefill_step_size=chunk):
+                                  prefill_step_size=chunk, **kv):
         count += 1
         if first is None:
             first = time.perf_counter()
@@ -99,6 +100,10 @@ def main():
                     help="mlx-bun's f32Matmuls load option (mlx-lm always computes as stored)")
     ap.add_argument("--prefill-chunk-size", type=int, default=2048,
                     help="prompt tokens per prefill step, for both engines")
+    ap.add_argument("--kv-bits", type=int, nargs="+", default=[None],
+                    help="KV cache bits for both engines (group 64), one run per value; 0 = plain")
+    ap.add_argument("--quantized-kv-start", type=int, default=0,
+                    help="positions before a cache is quantized (mlx-lm's default is 5000)")
     a = ap.parse_args()
     bw = bandwidth_gbs()
     env = dict(os.environ)
@@ -110,13 +115,16 @@ def main():
     rows = []
     for model in a.models:
         for n in a.prompt_tokens:
-            ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
-                             "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats),
-                             "--f32-matmuls", a.f32_matmuls, "--prefill-chunk-size", str(a.prefill_chunk_size)], env)
-            ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats),
-                            str(a.prefill_chunk_size)], py_env)
-            rows.append((os.path.basename(model.rstrip("/")), n, ours, ref))
-            print(f"done {model} prompt={n}", file=sys.stderr)
+            for bits in a.kv_bits:
+                kv = ["--kv-bits", str(bits), "--quantized-kv-start", str(a.quantized_kv_start)] if bits else []
+                ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
+                                 "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats),
+                                 "--f32-matmuls", a.f32_matmuls, "--prefill-chunk-size", str(a.prefill_chunk_size)] + kv, env)
+                ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats),
+                                str(a.prefill_chunk_size), str(bits) if bits else "none", str(a.quantized_kv_start)], py_env)
+                name = os.path.basename(model.rstrip("/")) + (f" kv{bits}" if bits else "")
+                rows.append((name, n, ours, ref))
+                print(f"done {name} prompt={n}", file=sys.stderr)
     head = f"| model | prompt | metric | mlx-bun (min/median/max) | mlx-lm (min/median/max) | ratio (median) |"
     print(head)
     print("|" + "---|" * 6)
@@ -132,7 +140,7 @@ def main():
     print("| model | prompt | bytes read per decode token | roofline tok/s | mlx-bun % of roofline | mlx-lm % of roofline |")
     print("|" + "---|" * 6)
     for name, n, ours, ref in rows:
-        model = next(m for m in a.models if os.path.basename(m.rstrip("/")) == name)
+        model = next(m for m in a.models if os.path.basename(m.rstrip("/")) == name.split(" ")[0])
         weights, total = bytes_per_token(model, n + a.gen_tokens // 2)
         roof = bw * 1e9 / total
         pct = lambda s: 100 * s["decode_tps"]["median"] / roof

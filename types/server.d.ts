@@ -50,6 +50,12 @@ export interface ServerOptions {
   shutdownGraceMs?: number
   /** The engine's `fill` (see `EngineOptions.fill`); default `MLX_BUN_FILL`, else off. */
   fill?: FillMode | FillOptions
+  /**
+   * Every request's KV caches quantized from its first step: `'config'` (default) per the model's
+   * kv_config.json (plain when the folder has none), a number of bits (2, 3, 4, 5, 6, 8; group 64)
+   * for every layer, or `'off'`.
+   */
+  kvQuant?: 'off' | 'config' | number
 }
 
 /** A running HTTP server. Like `Bun.serve`'s, it keeps the process alive until `close()`. */

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::cache::KvQuantOptions;
 use crate::engine::fill::FillConfig;
 use crate::engine::session::OutputMode;
 use crate::engine::{EngineThread, EngineOptions, GenerateStats, InferenceEngine, MethodSpec, Source};
@@ -12,7 +13,17 @@ use crate::model::open_source;
 use crate::model::weights::F32Matmuls;
 use crate::sample::GenerateOptions;
 
-pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32_matmuls: F32Matmuls, prefill_chunk_size: u32) -> Result<()> {
+/// What one `mlx-bun bench` measures.
+pub struct Workload {
+    pub prompt_tokens: u32,
+    pub gen_tokens: u32,
+    pub repeats: u32,
+    pub prefill_chunk_size: u32,
+    pub kv: KvQuantOptions,
+}
+
+pub fn bench(path: &Path, w: Workload, f32_matmuls: F32Matmuls) -> Result<()> {
+    let Workload { prompt_tokens, gen_tokens, repeats, prefill_chunk_size, kv } = w;
     let (weights, config) = open_source(path)?;
     let weights = weights.with_f32_matmuls(f32_matmuls);
     let vocab = config.vocab_size as u32;
@@ -23,7 +34,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {
-        let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), prefill_chunk_size, ..Default::default() };
+        let opts = GenerateOptions { max_tokens, eos_token_ids: Some(Vec::new()), prefill_chunk_size, kv: kv.clone(), ..Default::default() };
         let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts, prefix: Default::default(), cache: None, draft: None, fill: Default::default() }, OutputMode::Stream, false)?;
         Ok(session.read_blocking(|_| Ok(()))?.into_result()?.metrics)
     };
@@ -40,6 +51,7 @@ pub fn bench(path: &Path, prompt_tokens: u32, gen_tokens: u32, repeats: u32, f32
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
         "prefill_chunk_size": prefill_chunk_size,
+        "kv_bits": kv.bits,
         "prefill_tps": series(|s| s.prefill_tps),
         "decode_tps": series(|s| s.decode_tps),
         "ttft_ms": series(|s| s.prefill_ms),

@@ -79,6 +79,8 @@ enum Command {
         /// Which weight matrices are held in f32 for matmuls.
         #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
         f32_matmuls: F32MatmulsArg,
+        #[command(flatten)]
+        kv: KvArgs,
     },
     /// Chat with a model in the terminal.
     ///
@@ -118,6 +120,8 @@ enum Command {
         /// Prompt tokens per prefill step (mlx-lm's default, 2048, unless set).
         #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
         prefill_chunk_size: u32,
+        #[command(flatten)]
+        kv: KvArgs,
     },
     /// Measure quality: perplexity of a text, KL against a saved teacher's logits.
     ///
@@ -215,6 +219,30 @@ struct ServeArgs {
     /// Tokens the draft model proposes per step (1 to 64).
     #[arg(long, default_value_t = crate::engine::speculative::DEFAULT_DRAFT_TOKENS as u32, value_parser = clap::value_parser!(u32).range(1..=crate::engine::speculative::MAX_DRAFT_TOKENS as i64))]
     num_draft_tokens: u32,
+    /// Quantize every request's KV cache: per the model's kv_config.json (config; nothing
+    /// without one), at this many bits (2, 3, 4, 5, 6 or 8), or not at all (off).
+    #[arg(long, default_value = "config", value_parser = crate::server::KvQuantSetting::parse)]
+    kv_quant: crate::server::KvQuantSetting,
+}
+
+/// Quantized KV caches, with mlx-lm's flags.
+#[derive(clap::Args, Clone, Copy)]
+pub struct KvArgs {
+    /// Store the KV cache quantized to this many bits (2, 3, 4, 5, 6 or 8); off by default.
+    #[arg(long)]
+    kv_bits: Option<i32>,
+    /// Group size of the KV cache's quantization (32, 64 or 128).
+    #[arg(long, default_value_t = 64)]
+    kv_group_size: i32,
+    /// Positions a layer's cache holds before it is quantized.
+    #[arg(long, default_value_t = 5000)]
+    quantized_kv_start: usize,
+}
+
+impl KvArgs {
+    fn options(self) -> crate::cache::KvQuantOptions {
+        crate::cache::KvQuantOptions { bits: self.kv_bits, group_size: self.kv_group_size, start: Some(self.quantized_kv_start), config: Vec::new() }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -293,7 +321,7 @@ fn execute(cmd: Command) -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat, json, f32_matmuls } => {
+        Command::Generate { prompt, model, max_tokens, temperature, top_p, top_k, seed, chat, json, f32_matmuls, kv } => {
             let model = match model {
                 Some(m) => m,
                 None => pull::pull_default(&pull::home(), true)?,
@@ -301,6 +329,7 @@ fn execute(cmd: Command) -> Result<()> {
             let opts = GenerateOptions {
                 max_tokens,
                 sampling: SamplingOptions { temperature, top_p, top_k, seed, ..Default::default() },
+                kv: kv.options(),
                 ..Default::default()
             };
             generate(&model, &prompt, chat, json, opts, f32_matmuls.into())
@@ -309,8 +338,8 @@ fn execute(cmd: Command) -> Result<()> {
         Command::Ls(args) => hub::ls(args),
         Command::Get(args) => hub::get(args),
         Command::Fit(args) => fit::fit(args),
-        Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size } => {
-            bench::bench(&model, prompt_tokens, gen_tokens, repeats, f32_matmuls.into(), prefill_chunk_size)
+        Command::Bench { model, prompt_tokens, gen_tokens, repeats, f32_matmuls, prefill_chunk_size, kv } => {
+            bench::bench(&model, bench::Workload { prompt_tokens, gen_tokens, repeats, prefill_chunk_size, kv: kv.options() }, f32_matmuls.into())
         }
         Command::Eval(args) => eval::eval(args),
         Command::Serve(args) => serve(args),
@@ -428,6 +457,7 @@ fn serve(a: ServeArgs) -> Result<()> {
             Some(mode) => FillConfig::from_json(&serde_json::Value::String(mode.clone()), FillConfig::from_env()?)?,
             None => FillConfig::from_env()?,
         },
+        kv_quant: a.kv_quant,
         ..Default::default()
     };
     let id = ctx.id.clone();

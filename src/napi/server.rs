@@ -12,7 +12,7 @@ use super::js_error;
 use super::model::{f32_matmuls, wait_loaded, Load, LoadOptions};
 use crate::engine::fill::FillConfig;
 use crate::error::Error;
-use crate::server::{ContextOptions, LogFormat, Server, ServerContext as CoreContext, ServerOptions as CoreOptions};
+use crate::server::{ContextOptions, KvQuantSetting, LogFormat, Server, ServerContext as CoreContext, ServerOptions as CoreOptions};
 
 /// A model ready to serve: its tokenizer, chat template and sampling defaults; the weights load
 /// on the engine thread (requests wait behind the load).
@@ -63,6 +63,8 @@ pub struct ServerOptions {
     pub log: Option<String>,
     pub shutdown_grace_ms: Option<f64>,
     pub fill: Option<serde_json::Value>,
+    /// `'off'`, `'config'` (the default) or a number of bits.
+    pub kv_quant: Option<serde_json::Value>,
 }
 
 /// A whole number in `[min, max]`, or the option's error.
@@ -107,6 +109,12 @@ fn core_options(port: u32, o: ServerOptions) -> napi::Result<CoreOptions> {
             Some(other) => return Err(js_error(Error::option("log", format!("must be 'text', 'json' or 'off', got '{other}'")))),
         },
         shutdown_grace: o.shutdown_grace_ms.map(|v| whole("shutdownGraceMs", v, 0.0, SAFE)).transpose()?.map_or(d.shutdown_grace, Duration::from_millis),
+        kv_quant: match &o.kv_quant {
+            None => d.kv_quant,
+            Some(serde_json::Value::String(s)) => KvQuantSetting::parse(s).map_err(js_error)?,
+            Some(serde_json::Value::Number(n)) => KvQuantSetting::parse(&n.to_string()).map_err(js_error)?,
+            Some(other) => return Err(js_error(Error::option("kvQuant", format!("must be 'off', 'config' or a number of bits, got {other}")))),
+        },
         fill: {
             let env = FillConfig::from_env().map_err(js_error)?;
             match &o.fill {

@@ -14,6 +14,8 @@ use super::context::ServerContext;
 use super::error::ApiError;
 use super::generation::{Chunk, Run};
 use super::log::{LogFormat, LogSlot};
+use crate::cache::{KvQuant, KvQuantOptions};
+use crate::error::Error;
 use crate::engine::inference::DEFAULT_PREFIX_CACHE_BYTES;
 use crate::engine::fill::FillConfig;
 use crate::engine::{EngineOptions, InferenceEngine, Source};
@@ -49,6 +51,41 @@ pub struct ServerOptions {
     /// mlx-bun's fill feature (`--fill`, `MLX_BUN_FILL*`): echo spans in every request it can
     /// place with.
     pub fill: FillConfig,
+    /// How every request's KV caches are quantized (mlx-bun's `kvQuant`).
+    pub kv_quant: KvQuantSetting,
+}
+
+/// mlx-bun's `kvQuant`: per the model's kv_config.json (`Config`, the default, as optiq serve
+/// does; nothing when the folder has none), every layer at `Bits`, or `Off`. A server quantizes
+/// from a request's first step, as mlx-bun's does whatever the scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvQuantSetting {
+    Off,
+    Config,
+    Bits(i32),
+}
+
+impl KvQuantSetting {
+    /// `off`, `config`, or a number of bits.
+    pub fn parse(s: &str) -> crate::error::Result<Self> {
+        let setting = match s {
+            "off" => KvQuantSetting::Off,
+            "config" => KvQuantSetting::Config,
+            bits => KvQuantSetting::Bits(bits.parse().map_err(|_| Error::option("kvQuant", format!("must be 'off', 'config' or 2, 3, 4, 5, 6, 8, got '{bits}'")))?),
+        };
+        setting.options(&[]).validate().map_err(|_| Error::option("kvQuant", format!("must be 'off', 'config' or 2, 3, 4, 5, 6, 8, got '{s}'")))?;
+        Ok(setting)
+    }
+
+    /// A request's KV options for a model whose kv_config.json says `config`.
+    pub fn options(self, config: &[(usize, KvQuant)]) -> KvQuantOptions {
+        let on = KvQuantOptions { start: Some(0), ..Default::default() };
+        match self {
+            KvQuantSetting::Off => KvQuantOptions::default(),
+            KvQuantSetting::Config => KvQuantOptions { config: config.to_vec(), ..on },
+            KvQuantSetting::Bits(b) => KvQuantOptions { bits: Some(b), ..on },
+        }
+    }
 }
 
 impl Default for ServerOptions {
@@ -69,6 +106,7 @@ impl Default for ServerOptions {
             batch: EngineOptions::default().max_active,
             max_queued: EngineOptions::default().max_queued,
             fill: FillConfig::default(),
+            kv_quant: KvQuantSetting::Config,
         }
     }
 }

@@ -7,6 +7,7 @@ use serde_json::Value as Json;
 
 use tokio::sync::oneshot;
 
+use crate::cache::KvQuant;
 use crate::engine::{Draft, EngineThread, ModelId};
 use crate::error::{Error, Result};
 use crate::fit::ModelFit;
@@ -47,6 +48,8 @@ pub struct ServerContext {
     pub fit: ModelFit,
     /// A draft model for speculative decoding (`--draft-model`).
     pub draft: Option<Draft>,
+    /// The KV quantization of the model's kv_config.json, if it has one.
+    pub kv_config: Vec<(usize, KvQuant)>,
 }
 
 pub use crate::tokenizer::eos_ids;
@@ -67,13 +70,14 @@ impl ServerContext {
         let eos_ids = eos_ids(&config, &tokenizer);
         let defaults = if path.is_dir() { read_defaults(&path.join("generation_config.json"))? } else { ModelDefaults::default() };
         let vocab_size = config.vocab_size;
+        let kv_config = config.kv_quant.iter().flatten().map(|s| (s.layer_idx, KvQuant { bits: s.bits, group_size: s.group_size })).collect();
         let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
         let id = id.unwrap_or_else(|| {
             let name = if path.is_dir() { path.file_name() } else { path.file_stem() };
             name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
         });
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit, draft: None }, loaded))
+        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit, draft: None, kv_config }, loaded))
     }
 
     /// Queues the load of a draft model (speculative decoding, `tokens` proposals per step) for
@@ -84,6 +88,7 @@ impl ServerContext {
             return Err(Error::option("draftModel", format!("{}: its vocabulary ({}) is not the model's ({})", path.display(), config.vocab_size, self.vocab_size)));
         }
         let vocab_size = config.vocab_size;
+        let kv_config: Vec<_> = config.kv_quant.iter().flatten().map(|s| (s.layer_idx, KvQuant { bits: s.bits, group_size: s.group_size })).collect();
         let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
         self.draft = Some(Draft { model, tokens, vocab_size });
         Ok(loaded)

@@ -33,7 +33,7 @@ use subtle::ConstantTimeEq;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use app::App;
-pub use app::{ServerOptions, DEFAULT_BODY_LIMIT};
+pub use app::{KvQuantSetting, ServerOptions, DEFAULT_BODY_LIMIT};
 pub use context::{eos_ids, ContextOptions, ServerContext};
 use error::ApiError;
 pub use log::LogFormat;

@@ -85,6 +85,7 @@ impl Sampling {
             sampling,
             logprobs: self.logprobs,
             top_logprobs: if self.logprobs { top_logprobs } else { 0 },
+            kv: server.kv_quant.options(&ctx.kv_config),
             ..Default::default()
         };
         if top_logprobs > 0 && !self.logprobs {
