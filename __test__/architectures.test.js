@@ -7,9 +7,11 @@
 // into <fixtures>/tiny.
 const { test, describe } = require('node:test')
 const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const path = require('node:path')
 
 const mlx = require('..')
-const { fixture, readJson, collect, within } = require('./helpers')
+const { fixture, readJson, collect, within, writeGguf, tmpdir } = require('./helpers')
 
 function loadRef() {
   try {
@@ -110,6 +112,85 @@ describe('architectures: rows of one continuous batch equal each alone', () => {
         await engine.close()
         assert.ok(mlx.testing.batchCounts().rows > before, 'decode ran batched')
         for (const [i, t] of together.entries()) assertTokens(t, alone[i], `${m.name} row ${i} in the batch`)
+      } finally {
+        model.dispose()
+      }
+    })
+  }
+})
+
+/** The tensors of a safetensors file: name -> { shape, data (raw little-endian bytes) }. */
+function readSafetensors(file) {
+  const buf = fs.readFileSync(file)
+  const n = Number(buf.readBigUInt64LE(0))
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString())
+  return Object.fromEntries(Object.entries(header).filter(([k]) => k !== '__metadata__')
+    .map(([k, t]) => [k, { shape: t.shape, data: buf.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]) }]))
+}
+
+// llama.cpp's names for the tensors of a Gemma-family layer (its convert_hf_to_gguf.py layout).
+const GGUF_LAYER = {
+  'input_layernorm': 'attn_norm', 'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
+  'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up', 'mlp.down_proj': 'ffn_down',
+}
+const GGUF_NORMS = {
+  gemma: { 'post_attention_layernorm': 'ffn_norm' },
+  gemma2: { 'post_attention_layernorm': 'post_attention_norm', 'pre_feedforward_layernorm': 'ffn_norm', 'post_feedforward_layernorm': 'post_ffw_norm' },
+}
+
+/** Writes the f32 folder of a tiny Gemma-family model as llama.cpp's converter would: its names,
+ * its metadata keys, RMSNorm weights stored as 1 + w. */
+function gemmaAsGguf(dir, file) {
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
+  const arch = cfg.model_type
+  const names = { ...GGUF_LAYER, ...GGUF_NORMS[arch] }
+  const tensors = Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([name, t]) => {
+    let gguf = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight' }[name]
+    const m = /^model\.layers\.(\d+)\.(.+)\.weight$/.exec(name)
+    if (m) gguf = `blk.${m[1]}.${names[m[2]]}.weight`
+    assert.ok(gguf && !gguf.includes('undefined'), `no GGUF name for ${name}`)
+    let data = Buffer.from(t.data)
+    if (name.endsWith('norm.weight')) {
+      const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
+      data = Buffer.from(v.buffer)
+    }
+    return { name: gguf, dims: [...t.shape].reverse(), type: 0, data }
+  })
+  const kv = {
+    'general.architecture': arch,
+    [`${arch}.context_length`]: cfg.max_position_embeddings,
+    [`${arch}.embedding_length`]: cfg.hidden_size,
+    [`${arch}.block_count`]: cfg.num_hidden_layers,
+    [`${arch}.feed_forward_length`]: cfg.intermediate_size,
+    [`${arch}.attention.head_count`]: cfg.num_attention_heads,
+    [`${arch}.attention.head_count_kv`]: cfg.num_key_value_heads,
+    [`${arch}.attention.key_length`]: cfg.head_dim,
+    [`${arch}.attention.value_length`]: cfg.head_dim,
+    [`${arch}.attention.layer_norm_rms_epsilon`]: cfg.rms_norm_eps,
+    'tokenizer.ggml.tokens': Array.from({ length: cfg.vocab_size }, (_, i) => `t${i}`),
+  }
+  if (arch === 'gemma2') {
+    kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping
+    kv['gemma2.final_logit_softcapping'] = cfg.final_logit_softcapping
+  }
+  writeGguf(file, kv, tensors)
+}
+
+describe('architectures: Gemma-family GGUF files (llama.cpp layout) equal their folders', () => {
+  for (const name of ['gemma', 'gemma2']) {
+    test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
+      const m = ref.models.find((x) => x.name === name)
+      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
+      gemmaAsGguf(fixture(`tiny/${name}`), file)
+      const model = await mlx.loadModel(file)
+      try {
+        assert.equal(model.config.modelType, name)
+        for (const p of m.prompts) {
+          const ours = await model.logits(p.ids)
+          const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
+          assert.ok(max <= 1e-4, `${name} GGUF: max |logit diff| ${max}`)
+          assertTokens(await greedy(model, p.ids), p.tokens, `${name} GGUF prompt of ${p.ids.length} ids`)
+        }
       } finally {
         model.dispose()
       }

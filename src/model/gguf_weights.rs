@@ -1,5 +1,5 @@
 //! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
-//! `llama` and `gemma3` architectures.
+//! `llama`, `gemma`, `gemma2` and `gemma3` architectures (their configs in gguf_config.rs).
 //!
 //! How tensors are stored is decided once per file, so that a model has one consistent form:
 //! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
@@ -13,37 +13,21 @@
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
-//! llama's q/k rows are un-permuted (RoPE interleaving); Gemma 3's RMSNorm weights, which
+//! llama's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights, which
 //! llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use half::{bf16, f16};
 use serde_json::{json, Value};
 
 use super::config::ModelConfig;
 use super::gguf::{GgmlType, Gguf, TensorInfo};
+use super::gguf_config::{hf_config, Arch};
 use super::gguf_quants;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
 
 const GROUP: usize = 32;
-/// Gemma 3 alternates five sliding-window layers with one global layer; llama.cpp hardcodes
-/// this too (GGUF has no key for it).
-const GEMMA3_SLIDING_PATTERN: u64 = 6;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arch {
-    Llama,
-    Gemma3,
-}
-
-/// Bounds for the header's sizes, far above any published model's (widths of 16K, 128 heads,
-/// 126 layers), so that a corrupt header fails before it sizes anything.
-const MAX_WIDTH: u64 = 1 << 20;
-const MAX_HEADS: u64 = 1 << 12;
-const MAX_LAYERS: u64 = super::config::MAX_LAYERS as u64;
-
 /// How the tensors of a file are stored (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Storage {
@@ -62,18 +46,9 @@ pub fn config(g: &Gguf) -> Result<ModelConfig> {
 }
 
 fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
-    let path = g.path().to_path_buf();
-    let arch = match g.architecture() {
-        Some("llama") => Arch::Llama,
-        Some("gemma3") => Arch::Gemma3,
-        Some(other) => return Err(Error::UnsupportedModelType(other.to_owned())),
-        None => return Err(Error::config(&path, "GGUF has no general.architecture")),
-    };
+    let arch = Arch::of(g)?;
     let storage = storage(&g.tensors)?;
-    let mut raw = match arch {
-        Arch::Llama => llama_config(&Meta { g, path: &path, prefix: "llama" })?,
-        Arch::Gemma3 => gemma3_config(&Meta { g, path: &path, prefix: "gemma3" })?,
-    };
+    let mut raw = hf_config(arch, g)?;
     let mut quant: BTreeMap<String, usize> = BTreeMap::new();
     let mut tied = true;
     for t in &g.tensors {
@@ -96,7 +71,7 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
 
 /// Gemma's norms are stored shifted by one (`1 + w`) and are converted, never kept packed.
 fn norm_shift(arch: Arch, t: &TensorInfo) -> bool {
-    arch == Arch::Gemma3 && t.name.ends_with("norm.weight")
+    matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3) && t.name.ends_with("norm.weight")
 }
 
 /// The bit width `t` keeps as an MLX-quantized tensor, if it is repacked rather than converted.
@@ -192,128 +167,6 @@ fn dense(t: &TensorInfo, data: &[u8], dtype: DType, shift: f32) -> Result<Vec<u8
     Ok(out)
 }
 
-/// Metadata lookups under an architecture's key prefix (`llama.`, `gemma3.`).
-struct Meta<'a> {
-    g: &'a Gguf,
-    path: &'a Path,
-    prefix: &'a str,
-}
-
-impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
-        format!("{}.{k}", self.prefix)
-    }
-    fn u64(&self, k: &str) -> Option<u64> {
-        self.g.get_u64(&self.key(k))
-    }
-    fn f32(&self, k: &str) -> Option<f32> {
-        self.g.get_f32(&self.key(k))
-    }
-    fn need(&self, k: &str) -> Result<u64> {
-        self.u64(k).ok_or_else(|| Error::config(self.path, format!("GGUF is missing {}", self.key(k))))
-    }
-    /// A size or count the config is built from: 1 to `max` (the file is untrusted; a zero
-    /// would divide by zero below, a huge value would allocate without bound).
-    fn count(&self, k: &str, max: u64) -> Result<u64> {
-        match self.need(k)? {
-            n @ 1.. if n <= max => Ok(n),
-            n => Err(Error::config(self.path, format!("{} is {n}, not between 1 and {max}", self.key(k)))),
-        }
-    }
-    fn vocab_size(&self) -> Result<u64> {
-        self.g
-            .get_str_array("tokenizer.ggml.tokens")
-            .map(|t| t.len() as u64)
-            .or_else(|| self.u64("vocab_size"))
-            .ok_or_else(|| Error::config(self.path, "GGUF has no tokenizer.ggml.tokens"))
-    }
-    /// Six significant digits, as the f32 in the file was written from a short decimal.
-    fn rms_norm_eps(&self, default: f32) -> f64 {
-        let eps = self.f32("attention.layer_norm_rms_epsilon").unwrap_or(default);
-        format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64)
-    }
-    /// `rope_scaling` for config.json; only linear scaling is carried over.
-    fn rope_scaling(&self) -> Option<Value> {
-        match (self.f32("rope.scaling.factor"), self.g.get_str(&self.key("rope.scaling.type"))) {
-            (Some(factor), Some("linear")) => Some(json!({"type": "linear", "factor": factor})),
-            _ => None,
-        }
-    }
-    fn token_id(&self, which: &str) -> Option<u64> {
-        self.g.get_u64(&format!("tokenizer.ggml.{which}_token_id"))
-    }
-}
-
-/// The config.json of a llama-architecture GGUF, with HF key names.
-fn llama_config(m: &Meta) -> Result<Value> {
-    let hidden = m.count("embedding_length", MAX_WIDTH)?;
-    let heads = m.count("attention.head_count", MAX_HEADS)?;
-    let mut cfg = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": m.need("feed_forward_length")?,
-        "num_hidden_layers": m.count("block_count", MAX_LAYERS)?,
-        "num_attention_heads": heads,
-        "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
-        "head_dim": m.u64("rope.dimension_count").unwrap_or(hidden / heads),
-        "max_position_embeddings": m.u64("context_length"),
-        "rms_norm_eps": m.rms_norm_eps(1e-5),
-        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
-        "hidden_act": "silu",
-        "vocab_size": m.vocab_size()?,
-        "bos_token_id": m.token_id("bos"),
-        "eos_token_id": m.token_id("eos"),
-        "pad_token_id": m.token_id("padding"),
-    });
-    if let Some(s) = m.rope_scaling() {
-        cfg["rope_scaling"] = s;
-    }
-    Ok(cfg)
-}
-
-/// The config.json of a gemma3 GGUF, as HF's `Gemma3ForCausalLM` (model_type `gemma3_text`)
-/// writes it, with the fields mlx-lm's gemma3_text reads.
-fn gemma3_config(m: &Meta) -> Result<Value> {
-    let hidden = m.count("embedding_length", MAX_WIDTH)?;
-    let heads = m.count("attention.head_count", MAX_HEADS)?;
-    let layers = m.count("block_count", MAX_LAYERS)?;
-    let head_dim = m.u64("attention.key_length").unwrap_or(hidden / heads);
-    // As llama.cpp: queries are scaled by 1/sqrt(head_dim), except in the 27B model (62 layers),
-    // which uses 1/sqrt(hidden / heads).
-    let query_pre_attn_scalar = if layers == 62 { hidden / heads } else { head_dim };
-    let layer_types: Vec<&str> = (0..layers)
-        .map(|i| if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 { "full_attention" } else { "sliding_attention" })
-        .collect();
-    Ok(json!({
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "hidden_size": hidden,
-        "intermediate_size": m.need("feed_forward_length")?,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
-        "head_dim": head_dim,
-        "query_pre_attn_scalar": query_pre_attn_scalar,
-        "max_position_embeddings": m.u64("context_length"),
-        "rms_norm_eps": m.rms_norm_eps(1e-6),
-        "rope_theta": m.f32("rope.freq_base").unwrap_or(1_000_000.0),
-        "rope_local_base_freq": 10000.0,
-        "rope_scaling": m.rope_scaling(),
-        "sliding_window": m.u64("attention.sliding_window").unwrap_or(512),
-        "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
-        "layer_types": layer_types,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "attention_bias": false,
-        "attn_logit_softcapping": null,
-        "final_logit_softcapping": null,
-        "vocab_size": m.vocab_size()?,
-        "bos_token_id": m.token_id("bos"),
-        "eos_token_id": m.token_id("eos"),
-        "pad_token_id": m.token_id("padding"),
-    }))
-}
-
 fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
@@ -328,10 +181,11 @@ fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama, "ffn_norm") => "post_attention_layernorm",
-        (Arch::Gemma3, "post_attention_norm") => "post_attention_layernorm",
-        (Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
-        (Arch::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
+        (Arch::Llama | Arch::Gemma, "ffn_norm") => "post_attention_layernorm",
+        // Gemma 2 and 3 norm before and after attention and the MLP.
+        (Arch::Gemma2 | Arch::Gemma3, "post_attention_norm") => "post_attention_layernorm",
+        (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
+        (Arch::Gemma2 | Arch::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
         (Arch::Gemma3, "attn_q_norm") => "self_attn.q_norm",
         (Arch::Gemma3, "attn_k_norm") => "self_attn.k_norm",
         (_, "attn_q") => "self_attn.q_proj",
@@ -466,6 +320,50 @@ mod tests {
         }
         // Names of the other architecture do not leak across.
         assert_eq!(hf_name(Arch::Llama, "blk.0.post_ffw_norm.weight"), None);
+    }
+
+    #[test]
+    fn gemma_and_gemma2_names_map_to_hf() {
+        // Gemma's ffn_norm is its pre-MLP norm; Gemma 2 has Gemma 3's four norms per layer.
+        assert_eq!(hf_name(Arch::Gemma, "blk.1.ffn_norm.weight").as_deref(), Some("model.layers.1.post_attention_layernorm.weight"));
+        assert_eq!(hf_name(Arch::Gemma2, "blk.1.ffn_norm.weight").as_deref(), Some("model.layers.1.pre_feedforward_layernorm.weight"));
+        assert_eq!(hf_name(Arch::Gemma2, "blk.1.post_ffw_norm.weight").as_deref(), Some("model.layers.1.post_feedforward_layernorm.weight"));
+        assert_eq!(hf_name(Arch::Gemma2, "blk.1.post_attention_norm.weight").as_deref(), Some("model.layers.1.post_attention_layernorm.weight"));
+        assert_eq!(hf_name(Arch::Gemma, "blk.1.post_ffw_norm.weight"), None);
+    }
+
+    /// A gemma2 file with the sizes of Gemma 2 27B's attention (46 layers, hidden 4608, 32 heads
+    /// of 128) but tiny tensors: the query scale follows llama.cpp's 27B rule.
+    #[test]
+    fn gemma2_config_matches_hf_and_shifts_norms() {
+        let mut w = GgufWriter::new();
+        w.str("general.architecture", "gemma2")
+            .u32("gemma2.context_length", 8192)
+            .u32("gemma2.embedding_length", 4608)
+            .u32("gemma2.block_count", 46)
+            .u32("gemma2.feed_forward_length", 36864)
+            .u32("gemma2.attention.head_count", 32)
+            .u32("gemma2.attention.head_count_kv", 16)
+            .u32("gemma2.attention.key_length", 128)
+            .f32("gemma2.attention.layer_norm_rms_epsilon", 1e-6)
+            .f32("gemma2.attn_logit_softcapping", 50.0)
+            .f32("gemma2.final_logit_softcapping", 30.0)
+            .u32("gemma2.attention.sliding_window", 4096)
+            .strs("tokenizer.ggml.tokens", &["<pad>", "<eos>", "<bos>", "a"])
+            .tensor("output_norm.weight", &[2], 0, &f32_bytes(&[1.0, 1.5]))
+            .tensor("blk.0.post_ffw_norm.weight", &[2], 0, &f32_bytes(&[2.0, 0.5]));
+        let file = w.write();
+        let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        let raw = &cfg.raw;
+        assert_eq!((cfg.model_type.as_str(), raw["architectures"].clone()), ("gemma2", json!(["Gemma2ForCausalLM"])));
+        assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim), (4608, 46, 128));
+        assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads), (32, 16));
+        assert_eq!(raw["query_pre_attn_scalar"], 144);
+        assert_eq!((raw["attn_logit_softcapping"].clone(), raw["final_logit_softcapping"].clone()), (json!(50.0), json!(30.0)));
+        assert_eq!((raw["sliding_window"].clone(), raw["rope_theta"].clone()), (json!(4096), json!(10000.0)));
+        assert_eq!(cfg.tie_word_embeddings, Some(true));
+        assert_eq!(w.get("model.norm.weight").unwrap().bytes(), f32_bytes(&[0.0, 0.5]));
+        assert_eq!(w.get("model.layers.0.post_feedforward_layernorm.weight").unwrap().bytes(), f32_bytes(&[1.0, -0.5]));
     }
 
     #[test]

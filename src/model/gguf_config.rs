@@ -1,0 +1,208 @@
+//! The config.json a GGUF file's header describes, per llama.cpp architecture, with the HF key
+//! names and the values mlx-lm reads. Reads only metadata.
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::gguf::Gguf;
+use crate::error::{Error, Result};
+
+/// Gemma 3 alternates five sliding-window layers with one global layer; llama.cpp hardcodes
+/// this too (GGUF has no key for it).
+const GEMMA3_SLIDING_PATTERN: u64 = 6;
+
+/// Bounds for the header's sizes, far above any published model's (widths of 16K, 128 heads,
+/// 126 layers), so that a corrupt header fails before it sizes anything.
+const MAX_WIDTH: u64 = 1 << 20;
+const MAX_HEADS: u64 = 1 << 12;
+const MAX_LAYERS: u64 = super::config::MAX_LAYERS as u64;
+
+/// The llama.cpp architectures (`general.architecture`) we read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Arch {
+    Llama,
+    Gemma,
+    Gemma2,
+    Gemma3,
+}
+
+impl Arch {
+    pub(super) fn of(g: &Gguf) -> Result<Arch> {
+        match g.architecture() {
+            Some("llama") => Ok(Arch::Llama),
+            Some("gemma") => Ok(Arch::Gemma),
+            Some("gemma2") => Ok(Arch::Gemma2),
+            Some("gemma3") => Ok(Arch::Gemma3),
+            Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
+            None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
+        }
+    }
+}
+
+/// config.json for a file of architecture `arch`, without what the tensor table decides
+/// (quantization, tied output, dtype).
+pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
+    let path = g.path();
+    match arch {
+        Arch::Llama => llama_config(&Meta { g, path, prefix: "llama" }),
+        Arch::Gemma => gemma_config(&Meta { g, path, prefix: "gemma" }),
+        Arch::Gemma2 => gemma2_config(&Meta { g, path, prefix: "gemma2" }),
+        Arch::Gemma3 => gemma3_config(&Meta { g, path, prefix: "gemma3" }),
+    }
+}
+
+/// Metadata lookups under an architecture's key prefix (`llama.`, `gemma3.`, …).
+struct Meta<'a> {
+    g: &'a Gguf,
+    path: &'a Path,
+    prefix: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.prefix)
+    }
+    fn u64(&self, k: &str) -> Option<u64> {
+        self.g.get_u64(&self.key(k))
+    }
+    fn f32(&self, k: &str) -> Option<f32> {
+        self.g.get_f32(&self.key(k))
+    }
+    fn need(&self, k: &str) -> Result<u64> {
+        self.u64(k).ok_or_else(|| Error::config(self.path, format!("GGUF is missing {}", self.key(k))))
+    }
+    /// A size or count the config is built from: 1 to `max` (the file is untrusted; a zero
+    /// would divide by zero below, a huge value would allocate without bound).
+    fn count(&self, k: &str, max: u64) -> Result<u64> {
+        match self.need(k)? {
+            n @ 1.. if n <= max => Ok(n),
+            n => Err(Error::config(self.path, format!("{} is {n}, not between 1 and {max}", self.key(k)))),
+        }
+    }
+    fn vocab_size(&self) -> Result<u64> {
+        self.g
+            .get_str_array("tokenizer.ggml.tokens")
+            .map(|t| t.len() as u64)
+            .or_else(|| self.u64("vocab_size"))
+            .ok_or_else(|| Error::config(self.path, "GGUF has no tokenizer.ggml.tokens"))
+    }
+    /// Six significant digits, as the f32 in the file was written from a short decimal.
+    fn rms_norm_eps(&self, default: f32) -> f64 {
+        let eps = self.f32("attention.layer_norm_rms_epsilon").unwrap_or(default);
+        format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64)
+    }
+    /// `rope_scaling` for config.json; only linear scaling is carried over.
+    fn rope_scaling(&self) -> Option<Value> {
+        match (self.f32("rope.scaling.factor"), self.g.get_str(&self.key("rope.scaling.type"))) {
+            (Some(factor), Some("linear")) => Some(json!({"type": "linear", "factor": factor})),
+            _ => None,
+        }
+    }
+    fn token_id(&self, which: &str) -> Option<u64> {
+        self.g.get_u64(&format!("tokenizer.ggml.{which}_token_id"))
+    }
+}
+
+/// What every config shares: sizes, token ids, and the head size from `head_dim_key` (else
+/// hidden / heads).
+fn sizes(m: &Meta, head_dim_key: &str, default_eps: f32) -> Result<Value> {
+    let hidden = m.count("embedding_length", MAX_WIDTH)?;
+    let heads = m.count("attention.head_count", MAX_HEADS)?;
+    Ok(json!({
+        "hidden_size": hidden,
+        "intermediate_size": m.need("feed_forward_length")?,
+        "num_hidden_layers": m.count("block_count", MAX_LAYERS)?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
+        "head_dim": m.u64(head_dim_key).unwrap_or(hidden / heads),
+        "max_position_embeddings": m.u64("context_length"),
+        "rms_norm_eps": m.rms_norm_eps(default_eps),
+        "vocab_size": m.vocab_size()?,
+        "bos_token_id": m.token_id("bos"),
+        "eos_token_id": m.token_id("eos"),
+        "pad_token_id": m.token_id("padding"),
+    }))
+}
+
+/// `extra`'s keys added to `cfg`.
+fn with(mut cfg: Value, extra: Value) -> Value {
+    if let (Some(c), Value::Object(e)) = (cfg.as_object_mut(), extra) {
+        c.extend(e);
+    }
+    cfg
+}
+
+/// The config.json of a llama-architecture GGUF, with HF key names.
+fn llama_config(m: &Meta) -> Result<Value> {
+    let mut cfg = with(sizes(m, "rope.dimension_count", 1e-5)?, json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "hidden_act": "silu",
+    }));
+    if let Some(s) = m.rope_scaling() {
+        cfg["rope_scaling"] = s;
+    }
+    Ok(cfg)
+}
+
+/// Gemma 2 and 3 scale queries by query_pre_attn_scalar^-½, which GGUF does not store:
+/// llama.cpp uses head_dim, except in the 27B models (`big_layers` layers), which use
+/// hidden / heads.
+fn query_pre_attn_scalar(cfg: &Value, big_layers: u64) -> Value {
+    let n = |k: &str| cfg[k].as_u64().unwrap_or(1);
+    if n("num_hidden_layers") == big_layers { json!(n("hidden_size") / n("num_attention_heads")) } else { cfg["head_dim"].clone() }
+}
+
+/// The config.json of a gemma3 GGUF, as HF's `Gemma3ForCausalLM` (model_type `gemma3_text`)
+/// writes it, with the fields mlx-lm's gemma3_text reads.
+fn gemma3_config(m: &Meta) -> Result<Value> {
+    let cfg = sizes(m, "attention.key_length", 1e-6)?;
+    let layers = m.need("block_count")?;
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|i| if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 { "full_attention" } else { "sliding_attention" })
+        .collect();
+    let extra = json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "query_pre_attn_scalar": query_pre_attn_scalar(&cfg, 62),
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(1_000_000.0),
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": m.rope_scaling(),
+        "sliding_window": m.u64("attention.sliding_window").unwrap_or(512),
+        "sliding_window_pattern": GEMMA3_SLIDING_PATTERN,
+        "layer_types": layer_types,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": false,
+        "attn_logit_softcapping": null,
+        "final_logit_softcapping": null,
+    });
+    Ok(with(cfg, extra))
+}
+
+/// The config.json of a gemma GGUF, as HF's `GemmaForCausalLM` writes it.
+fn gemma_config(m: &Meta) -> Result<Value> {
+    Ok(with(sizes(m, "attention.key_length", 1e-6)?, json!({
+        "architectures": ["GemmaForCausalLM"],
+        "model_type": "gemma",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "hidden_act": "gelu",
+    })))
+}
+
+/// The config.json of a gemma2 GGUF, as HF's `Gemma2ForCausalLM` writes it: llama.cpp's
+/// converter keeps both soft-caps and the window (which mlx-lm does not use).
+fn gemma2_config(m: &Meta) -> Result<Value> {
+    let cfg = sizes(m, "attention.key_length", 1e-6)?;
+    let extra = json!({
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "query_pre_attn_scalar": query_pre_attn_scalar(&cfg, 46),
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": m.f32("attn_logit_softcapping").unwrap_or(50.0),
+        "final_logit_softcapping": m.f32("final_logit_softcapping").unwrap_or(30.0),
+        "sliding_window": m.u64("attention.sliding_window"),
+    });
+    Ok(with(cfg, extra))
+}
