@@ -14,7 +14,7 @@ use crate::cache::KvQuantOptions;
 use crate::eval::forward::{self, Pass};
 use crate::eval::metrics::{KlSummary, Perplexity};
 use crate::model::{create_model, open_config, open_source, LanguageModel};
-use crate::progress::{Progress, Ticker};
+use crate::progress::Progress;
 use crate::sample::validate_prompt;
 use crate::tokenizer::load_tokenizer;
 
@@ -141,7 +141,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
 fn on_model<T: Send + 'static>(path: &Path, what: &str, positions: u64, work: impl FnOnce(&dyn LanguageModel, &dyn Fn(u64)) -> Result<T> + Send + 'static) -> Result<T> {
     let (weights, config) = open_source(path)?;
     let bar = Progress::steps(what, positions);
-    let ticker: Ticker = bar.ticker();
+    let ticker = bar.ticker();
     let out = EngineThread::get()
         .run(move || work(&*create_model(weights, config)?, &|n| ticker.inc(n)))
         .blocking_recv()

@@ -99,7 +99,8 @@ impl Perplexity {
     pub fn from_losses(losses: &[f32]) -> Perplexity {
         let n = losses.len() as f64;
         let mean = losses.iter().map(|&l| l as f64).sum::<f64>() / n;
-        let var = losses.iter().map(|&l| (l as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        // One loss has no sample variance (mlx-lm's would be NaN): its error is reported as 0.
+        let var = if n > 1.0 { losses.iter().map(|&l| (l as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
         let perplexity = mean.exp();
         Perplexity { scored: losses.len(), mean_nll: mean, perplexity, standard_error: perplexity * var.sqrt() / n.sqrt() }
     }
@@ -159,5 +160,6 @@ mod tests {
         assert!((p.perplexity - 2f64.exp()).abs() < 1e-12);
         // Sample standard deviation of 1, 2, 3 is 1.
         assert!((p.standard_error - 2f64.exp() / 3f64.sqrt()).abs() < 1e-12);
+        assert_eq!(Perplexity::from_losses(&[0.5]).standard_error, 0.0);
     }
 }
