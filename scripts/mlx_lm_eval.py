@@ -165,7 +165,7 @@ def main():
     d.add_argument("--out", required=True)
     d.add_argument("--n", type=int, default=None, help="at most this many windows")
     d.add_argument("--top-k", type=int, default=2048)
-    d.add_argument("--chunk", type=int, default=512)
+    d.add_argument("--chunk", type=int, default=256, help="positions per model call (mlx-bun eval's default)")
     a = p.parse_args()
     if a.command != "kl" and a.ctx < 2:
         sys.exit("--ctx must be at least 2")
