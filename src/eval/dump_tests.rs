@@ -177,6 +177,52 @@ fn bad_ids_logits_and_logsumexps_are_invalid_dumps() {
     patch("seq-1.bin", at(3) + 18, &f32::INFINITY.to_le_bytes(), "position 3: logsumexp inf");
 }
 
+/// Reads all of a dump as `eval kl` would.
+fn read_all(dir: &Path) -> Result<()> {
+    let dump = Dump::open(dir)?;
+    dump.check_vocab(VOCAB)?;
+    for s in 0..dump.manifest.n_seqs as usize {
+        dump.tokens(s, VOCAB)?;
+        dump.records(s, VOCAB)?.read(dump.manifest.positions_per_seq as usize)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn random_damage_is_an_invalid_dump_or_readable_never_a_panic() {
+    let d = TempDir::new("random");
+    write(&d.0);
+    let files = ["manifest.json", "tokens.bin", "seq-0.bin", "seq-1.bin"];
+    let originals: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(d.0.join(f)).unwrap()).collect();
+    // xorshift64: the same damage on every run.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as usize
+    };
+    let mut refused = 0;
+    for _ in 0..600 {
+        let i = next() % files.len();
+        let mut bytes = originals[i].clone();
+        for _ in 0..1 + next() % 4 {
+            let at = next() % bytes.len();
+            bytes[at] = next() as u8;
+        }
+        if next() % 4 == 0 {
+            bytes.truncate(next() % bytes.len());
+        }
+        std::fs::write(d.0.join(files[i]), &bytes).unwrap();
+        if let Err(e) = read_all(&d.0) {
+            assert_eq!(e.code(), "INVALID_LOGITS_DUMP", "{e}");
+            refused += 1;
+        }
+        std::fs::write(d.0.join(files[i]), &originals[i]).unwrap();
+    }
+    assert!(refused > 300, "only {refused} of 600 damaged dumps refused");
+}
+
 #[test]
 fn a_top_k_above_the_candidates_vocabulary_is_refused() {
     let d = TempDir::new("topk");
