@@ -128,29 +128,32 @@ function readSafetensors(file) {
     .map(([k, t]) => [k, { shape: t.shape, data: buf.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]) }]))
 }
 
-// llama.cpp's names for the tensors of a Gemma-family layer (its convert_hf_to_gguf.py layout).
+// llama.cpp's names for a layer's tensors (its convert_hf_to_gguf.py layout), per architecture.
 const GGUF_LAYER = {
   'input_layernorm': 'attn_norm', 'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
   'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up', 'mlp.down_proj': 'ffn_down',
 }
-const GGUF_NORMS = {
+const GGUF_ARCH = {
   gemma: { 'post_attention_layernorm': 'ffn_norm' },
   gemma2: { 'post_attention_layernorm': 'post_attention_norm', 'pre_feedforward_layernorm': 'ffn_norm', 'post_feedforward_layernorm': 'post_ffw_norm' },
+  olmo2: { 'post_attention_layernorm': 'post_attention_norm', 'post_feedforward_layernorm': 'post_ffw_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
+  starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
 }
 
-/** Writes the f32 folder of a tiny Gemma-family model as llama.cpp's converter would: its names,
- * its metadata keys, RMSNorm weights stored as 1 + w. */
-function gemmaAsGguf(dir, file) {
+/** Writes the f32 folder of a tiny model as llama.cpp's converter would: its names, its metadata
+ * keys, Gemma's RMSNorm weights stored as 1 + w. */
+function asGguf(dir, file) {
   const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
   const arch = cfg.model_type
-  const names = { ...GGUF_LAYER, ...GGUF_NORMS[arch] }
+  const names = { ...GGUF_LAYER, ...GGUF_ARCH[arch] }
   const tensors = Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([name, t]) => {
-    let gguf = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight' }[name]
-    const m = /^model\.layers\.(\d+)\.(.+)\.weight$/.exec(name)
-    if (m) gguf = `blk.${m[1]}.${names[m[2]]}.weight`
+    const top = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'model.norm.bias': 'output_norm.bias', 'lm_head.weight': 'output.weight' }
+    let gguf = top[name]
+    const m = /^model\.layers\.(\d+)\.(.+)\.(weight|bias)$/.exec(name)
+    if (m) gguf = `blk.${m[1]}.${names[m[2]]}.${m[3]}`
     assert.ok(gguf && !gguf.includes('undefined'), `no GGUF name for ${name}`)
     let data = Buffer.from(t.data)
-    if (name.endsWith('norm.weight')) {
+    if (arch.startsWith('gemma') && name.endsWith('norm.weight')) {
       const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
       data = Buffer.from(v.buffer)
     }
@@ -164,11 +167,12 @@ function gemmaAsGguf(dir, file) {
     [`${arch}.feed_forward_length`]: cfg.intermediate_size,
     [`${arch}.attention.head_count`]: cfg.num_attention_heads,
     [`${arch}.attention.head_count_kv`]: cfg.num_key_value_heads,
-    [`${arch}.attention.key_length`]: cfg.head_dim,
-    [`${arch}.attention.value_length`]: cfg.head_dim,
-    [`${arch}.attention.layer_norm_rms_epsilon`]: cfg.rms_norm_eps,
+    [`${arch}.rope.freq_base`]: cfg.rope_theta,
     'tokenizer.ggml.tokens': Array.from({ length: cfg.vocab_size }, (_, i) => `t${i}`),
   }
+  if (cfg.head_dim) kv[`${arch}.attention.key_length`] = cfg.head_dim
+  if (arch === 'starcoder2') kv['starcoder2.attention.layer_norm_epsilon'] = cfg.norm_epsilon
+  else kv[`${arch}.attention.layer_norm_rms_epsilon`] = cfg.rms_norm_eps
   if (arch === 'gemma2') {
     kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping
     kv['gemma2.final_logit_softcapping'] = cfg.final_logit_softcapping
@@ -176,12 +180,12 @@ function gemmaAsGguf(dir, file) {
   writeGguf(file, kv, tensors)
 }
 
-describe('architectures: Gemma-family GGUF files (llama.cpp layout) equal their folders', () => {
-  for (const name of ['gemma', 'gemma2']) {
+describe('architectures: GGUF files in llama.cpp\'s layout equal their folders', () => {
+  for (const name of Object.keys(GGUF_ARCH)) {
     test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
       const m = ref.models.find((x) => x.name === name)
       const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
-      gemmaAsGguf(fixture(`tiny/${name}`), file)
+      asGguf(fixture(`tiny/${name}`), file)
       const model = await mlx.loadModel(file)
       try {
         assert.equal(model.config.modelType, name)

@@ -24,6 +24,8 @@ pub(super) enum Arch {
     Gemma,
     Gemma2,
     Gemma3,
+    Olmo2,
+    Starcoder2,
 }
 
 impl Arch {
@@ -33,6 +35,8 @@ impl Arch {
             Some("gemma") => Ok(Arch::Gemma),
             Some("gemma2") => Ok(Arch::Gemma2),
             Some("gemma3") => Ok(Arch::Gemma3),
+            Some("olmo2") => Ok(Arch::Olmo2),
+            Some("starcoder2") => Ok(Arch::Starcoder2),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -48,6 +52,8 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Gemma => gemma_config(&Meta { g, path, prefix: "gemma" }),
         Arch::Gemma2 => gemma2_config(&Meta { g, path, prefix: "gemma2" }),
         Arch::Gemma3 => gemma3_config(&Meta { g, path, prefix: "gemma3" }),
+        Arch::Olmo2 => olmo2_config(&Meta { g, path, prefix: "olmo2" }),
+        Arch::Starcoder2 => starcoder2_config(&Meta { g, path, prefix: "starcoder2" }),
     }
 }
 
@@ -205,4 +211,27 @@ fn gemma2_config(m: &Meta) -> Result<Value> {
         "sliding_window": m.u64("attention.sliding_window"),
     });
     Ok(with(cfg, extra))
+}
+
+/// The config.json of an olmo2 GGUF, as HF's `Olmo2ForCausalLM` writes it.
+fn olmo2_config(m: &Meta) -> Result<Value> {
+    Ok(with(sizes(m, "attention.key_length", 1e-6)?, json!({
+        "architectures": ["Olmo2ForCausalLM"],
+        "model_type": "olmo2",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "rope_scaling": m.rope_scaling(),
+    })))
+}
+
+/// The config.json of a starcoder2 GGUF, as HF's `Starcoder2ForCausalLM` writes it: LayerNorm's
+/// epsilon is `attention.layer_norm_epsilon` (HF's `norm_epsilon`).
+fn starcoder2_config(m: &Meta) -> Result<Value> {
+    let eps = m.f32("attention.layer_norm_epsilon").unwrap_or(1e-5);
+    Ok(with(sizes(m, "attention.key_length", 1e-5)?, json!({
+        "architectures": ["Starcoder2ForCausalLM"],
+        "model_type": "starcoder2",
+        "norm_epsilon": format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64),
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(100_000.0),
+        "use_bias": true,
+    })))
 }

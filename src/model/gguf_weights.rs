@@ -1,5 +1,6 @@
 //! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
-//! `llama`, `gemma`, `gemma2` and `gemma3` architectures (their configs in gguf_config.rs).
+//! `llama`, `gemma`, `gemma2`, `gemma3`, `olmo2` and `starcoder2` architectures (their configs in
+//! gguf_config.rs).
 //!
 //! How tensors are stored is decided once per file, so that a model has one consistent form:
 //! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
@@ -171,6 +172,7 @@ fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output_norm.bias" => return Some("model.norm.bias".into()),
         "output.weight" => return Some("lm_head.weight".into()),
         _ => {}
     }
@@ -181,13 +183,16 @@ fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama | Arch::Gemma, "ffn_norm") => "post_attention_layernorm",
-        // Gemma 2 and 3 norm before and after attention and the MLP.
-        (Arch::Gemma2 | Arch::Gemma3, "post_attention_norm") => "post_attention_layernorm",
+        (Arch::Llama | Arch::Gemma | Arch::Starcoder2, "ffn_norm") => "post_attention_layernorm",
+        // Gemma 2 and 3 norm before and after attention and the MLP, OLMo 2 only after.
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
         (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
-        (Arch::Gemma2 | Arch::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
-        (Arch::Gemma3, "attn_q_norm") => "self_attn.q_norm",
-        (Arch::Gemma3, "attn_k_norm") => "self_attn.k_norm",
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_ffw_norm") => "post_feedforward_layernorm",
+        (Arch::Gemma3 | Arch::Olmo2, "attn_q_norm") => "self_attn.q_norm",
+        (Arch::Gemma3 | Arch::Olmo2, "attn_k_norm") => "self_attn.k_norm",
+        // StarCoder 2's plain MLP.
+        (Arch::Starcoder2, "ffn_up") => "mlp.c_fc",
+        (Arch::Starcoder2, "ffn_down") => "mlp.c_proj",
         (_, "attn_q") => "self_attn.q_proj",
         (_, "attn_k") => "self_attn.k_proj",
         (_, "attn_v") => "self_attn.v_proj",
@@ -330,6 +335,26 @@ mod tests {
         assert_eq!(hf_name(Arch::Gemma2, "blk.1.post_ffw_norm.weight").as_deref(), Some("model.layers.1.post_feedforward_layernorm.weight"));
         assert_eq!(hf_name(Arch::Gemma2, "blk.1.post_attention_norm.weight").as_deref(), Some("model.layers.1.post_attention_layernorm.weight"));
         assert_eq!(hf_name(Arch::Gemma, "blk.1.post_ffw_norm.weight"), None);
+    }
+
+    #[test]
+    fn olmo2_and_starcoder2_names_map_to_hf() {
+        let cases = [
+            (Arch::Olmo2, "blk.0.post_attention_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+            (Arch::Olmo2, "blk.0.post_ffw_norm.weight", "model.layers.0.post_feedforward_layernorm.weight"),
+            (Arch::Olmo2, "blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
+            (Arch::Starcoder2, "blk.0.attn_norm.bias", "model.layers.0.input_layernorm.bias"),
+            (Arch::Starcoder2, "blk.0.ffn_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+            (Arch::Starcoder2, "blk.0.ffn_up.bias", "model.layers.0.mlp.c_fc.bias"),
+            (Arch::Starcoder2, "blk.0.ffn_down.weight", "model.layers.0.mlp.c_proj.weight"),
+            (Arch::Starcoder2, "blk.0.attn_output.bias", "model.layers.0.self_attn.o_proj.bias"),
+            (Arch::Starcoder2, "output_norm.bias", "model.norm.bias"),
+        ];
+        for (arch, gguf, hf) in cases {
+            assert_eq!(hf_name(arch, gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        // OLMo 2 has no pre-norms.
+        assert_eq!(hf_name(Arch::Olmo2, "blk.0.ffn_norm.weight"), None);
     }
 
     /// A gemma2 file with the sizes of Gemma 2 27B's attention (46 layers, hidden 4608, 32 heads
