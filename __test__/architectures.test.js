@@ -138,6 +138,22 @@ const GGUF_ARCH = {
   gemma2: { 'post_attention_layernorm': 'post_attention_norm', 'pre_feedforward_layernorm': 'ffn_norm', 'post_feedforward_layernorm': 'post_ffw_norm' },
   olmo2: { 'post_attention_layernorm': 'post_attention_norm', 'post_feedforward_layernorm': 'post_ffw_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
+  granite: { 'post_attention_layernorm': 'ffn_norm' },
+}
+
+/** llama.cpp's LlamaModel.permute: within each head, row j·(d/2)+i moves to 2i+j. */
+function permuteRows(data, rows, heads) {
+  const rowBytes = data.length / rows
+  const hd = rows / heads
+  const out = Buffer.alloc(data.length)
+  for (let h = 0; h < heads; h++) {
+    for (let j = 0; j < 2; j++) {
+      for (let i = 0; i < hd / 2; i++) {
+        data.copy(out, (h * hd + 2 * i + j) * rowBytes, (h * hd + j * (hd / 2) + i) * rowBytes, (h * hd + j * (hd / 2) + i + 1) * rowBytes)
+      }
+    }
+  }
+  return out
 }
 
 /** Writes the f32 folder of a tiny model as llama.cpp's converter would: its names, its metadata
@@ -157,6 +173,9 @@ function asGguf(dir, file) {
       const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
       data = Buffer.from(v.buffer)
     }
+    if (arch === 'granite' && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
+      data = permuteRows(data, t.shape[0], m[2] === 'self_attn.q_proj' ? cfg.num_attention_heads : cfg.num_key_value_heads)
+    }
     return { name: gguf, dims: [...t.shape].reverse(), type: 0, data }
   })
   const kv = {
@@ -173,6 +192,12 @@ function asGguf(dir, file) {
   if (cfg.head_dim) kv[`${arch}.attention.key_length`] = cfg.head_dim
   if (arch === 'starcoder2') kv['starcoder2.attention.layer_norm_epsilon'] = cfg.norm_epsilon
   else kv[`${arch}.attention.layer_norm_rms_epsilon`] = cfg.rms_norm_eps
+  if (arch === 'granite') {
+    kv['granite.attention.scale'] = cfg.attention_multiplier
+    kv['granite.embedding_scale'] = cfg.embedding_multiplier
+    kv['granite.residual_scale'] = cfg.residual_multiplier
+    kv['granite.logit_scale'] = cfg.logits_scaling
+  }
   if (arch === 'gemma2') {
     kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping
     kv['gemma2.final_logit_softcapping'] = cfg.final_logit_softcapping

@@ -26,6 +26,7 @@ pub(super) enum Arch {
     Gemma3,
     Olmo2,
     Starcoder2,
+    Granite,
 }
 
 impl Arch {
@@ -37,6 +38,7 @@ impl Arch {
             Some("gemma3") => Ok(Arch::Gemma3),
             Some("olmo2") => Ok(Arch::Olmo2),
             Some("starcoder2") => Ok(Arch::Starcoder2),
+            Some("granite") => Ok(Arch::Granite),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -54,6 +56,7 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Gemma3 => gemma3_config(&Meta { g, path, prefix: "gemma3" }),
         Arch::Olmo2 => olmo2_config(&Meta { g, path, prefix: "olmo2" }),
         Arch::Starcoder2 => starcoder2_config(&Meta { g, path, prefix: "starcoder2" }),
+        Arch::Granite => granite_config(&Meta { g, path, prefix: "granite" }),
     }
 }
 
@@ -234,4 +237,22 @@ fn starcoder2_config(m: &Meta) -> Result<Value> {
         "rope_theta": m.f32("rope.freq_base").unwrap_or(100_000.0),
         "use_bias": true,
     })))
+}
+
+/// The config.json of a granite GGUF, as HF's `GraniteForCausalLM` writes it: llama.cpp renames
+/// its multipliers to `*_scale` (`logits_scaling` to `logit_scale`).
+fn granite_config(m: &Meta) -> Result<Value> {
+    let mut cfg = with(sizes(m, "rope.dimension_count", 1e-5)?, json!({
+        "architectures": ["GraniteForCausalLM"],
+        "model_type": "granite",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "attention_multiplier": m.f32("attention.scale"),
+        "embedding_multiplier": m.f32("embedding_scale"),
+        "residual_multiplier": m.f32("residual_scale"),
+        "logits_scaling": m.f32("logit_scale"),
+    }));
+    if let Some(s) = m.rope_scaling() {
+        cfg["rope_scaling"] = s;
+    }
+    Ok(cfg)
 }

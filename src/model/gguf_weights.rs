@@ -1,6 +1,6 @@
 //! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
-//! `llama`, `gemma`, `gemma2`, `gemma3`, `olmo2` and `starcoder2` architectures (their configs in
-//! gguf_config.rs).
+//! `llama`, `granite`, `gemma`, `gemma2`, `gemma3`, `olmo2` and `starcoder2` architectures (their
+//! configs in gguf_config.rs).
 //!
 //! How tensors are stored is decided once per file, so that a model has one consistent form:
 //! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
@@ -14,8 +14,8 @@
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
-//! llama's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights, which
-//! llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
+//! llama's and granite's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
+//! which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
 use std::collections::BTreeMap;
 
 use half::{bf16, f16};
@@ -55,6 +55,13 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
     for t in &g.tensors {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         tied &= name != "lm_head.weight";
+        // Projection biases are told by the tensors alone.
+        if name.ends_with("self_attn.q_proj.bias") {
+            raw["attention_bias"] = json!(true);
+        }
+        if name.ends_with("mlp.up_proj.bias") {
+            raw["mlp_bias"] = json!(true);
+        }
         if let Some(bits) = repacked_bits(arch, storage, t) {
             quant.insert(name.strip_suffix(".weight").unwrap_or(&name).to_owned(), bits);
         }
@@ -91,10 +98,11 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     let mut tensors = BTreeMap::new();
     for t in &g.tensors {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
-        // llama.cpp permutes q/k rows for llama only.
-        let heads = match arch {
-            Arch::Llama if t.name.ends_with("attn_q.weight") => Some(cfg_heads),
-            Arch::Llama if t.name.ends_with("attn_k.weight") => Some(cfg_kv),
+        // llama.cpp permutes the q/k rows (weights and biases) of llama and granite only.
+        let permuted = matches!(arch, Arch::Llama | Arch::Granite);
+        let heads = match t.name.rsplit('.').nth(1) {
+            Some("attn_q") if permuted => Some(cfg_heads),
+            Some("attn_k") if permuted => Some(cfg_kv),
             _ => None,
         };
         let norm_shift = norm_shift(arch, t);
@@ -125,8 +133,9 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
         } else {
             dense(t, data, dtype, if norm_shift { 1.0 } else { 0.0 })?
         };
+        // A bias's rows are its elements.
         let bytes = match heads {
-            Some(h) => unpermute_rows(&t.name, &bytes, rows, h)?,
+            Some(h) => unpermute_rows(&t.name, &bytes, shape[0], h)?,
             None => bytes,
         };
         tensors.insert(name, Tensor::owned(dtype, shape, bytes));
@@ -183,7 +192,7 @@ fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama | Arch::Gemma | Arch::Starcoder2, "ffn_norm") => "post_attention_layernorm",
+        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2, "ffn_norm") => "post_attention_layernorm",
         // Gemma 2 and 3 norm before and after attention and the MLP, OLMo 2 only after.
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
         (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
