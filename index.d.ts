@@ -26,6 +26,7 @@ export type ErrorCode =
   | 'MLX_ERROR'
   | 'IO_ERROR'
   | 'ADMISSION_REJECTED'
+  | 'INSUFFICIENT_MEMORY'
   | 'NOT_A_STREAM'
   | 'ALREADY_CONSUMED'
   | 'CONCURRENT_NEXT'

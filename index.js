@@ -120,12 +120,12 @@ function loadContext(dir, id, options) {
   if (id !== undefined && id !== null && typeof id !== 'string') throw coded('INVALID_OPTION', 'id: must be a string')
   options = optionObject(options)
   checkKeys('context', options)
-  const { chatTemplate, ...load } = options
+  const { chatTemplate, memoryBudgetBytes, ...load } = options
   let source = null
   if (chatTemplate instanceof native.ChatTemplate) source = chatTemplate.source
   else if (typeof chatTemplate === 'string') source = chatTemplate
   else if (chatTemplate != null) throw coded('INVALID_OPTION', 'chatTemplate: must be a ChatTemplate or a template source string')
-  return withReady(wrap(native.loadContextNative)(dir, id ?? null, load, source))
+  return withReady(wrap(native.loadContextNative)(dir, id ?? null, load, source, memoryBudgetBytes ?? null))
 }
 
 /**

@@ -14,16 +14,16 @@ const OPTION_KEYS = {
   control: new Set(['output', 'onTokens', 'signal']),
   chat: new Set(['addGenerationPrompt', 'tools', 'enableThinking', 'extra']),
   engine: new Set(['idleTimeoutMs', 'maxQueuedEvents', 'maxQueuedTokens', 'maxTopLogprobs', 'maxCollectTokens', 'maxActive', 'maxQueued',
-    'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate', 'grammarJump', 'fill']),
+    'maxIterationTokens', 'maxPreparationTokens', 'prefixCacheBytes', 'tokenizer', 'chatTemplate', 'grammarJump', 'fill', 'memoryBudgetBytes']),
   load: new Set(['f32Matmuls']),
-  context: new Set(['f32Matmuls', 'chatTemplate']),
+  context: new Set(['f32Matmuls', 'chatTemplate', 'memoryBudgetBytes']),
   runtime: new Set([]),
   template: new Set(['disableThinking']),
   registry: new Set(['dbPath', 'hubDir', 'home']),
   list: new Set(['vision', 'maxBytes', 'query']),
   download: new Set(['revision', 'cacheDir', 'endpoint', 'token', 'onProgress', 'allFiles']),
   server: new Set(['host', 'apiKey', 'corsOrigins', 'defaultMaxTokens', 'defaultTemperature', 'defaultTopP', 'defaultTopK',
-    'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs', 'fill', 'kvQuant']),
+    'promptCacheBytes', 'batch', 'maxQueued', 'bodyLimit', 'log', 'shutdownGraceMs', 'fill', 'kvQuant', 'memoryBudgetBytes']),
   machine: new Set(['name', 'ramBytes', 'bandwidthGBs', 'chip', 'bandwidthSource']),
   kvScheme: new Set(['kvBits', 'kvGroupSize', 'kvConfig']),
   kvConfig: new Set(['layerIdx', 'bits', 'groupSize']),
@@ -38,7 +38,6 @@ const NOT_YET = {
 }
 // mlx-bun's server options this engine does not implement yet.
 const NOT_YET_SERVING = {
-  memoryBudgetBytes: 'memory budgets (refusing a model whose fit() leaves no context)',
   defaultThinking: 'thinking controls',
   defaultAdapter: 'LoRA adapters',
   hlg: 'HLG decoding',

@@ -63,6 +63,9 @@ pub enum Error {
     Io { path: PathBuf, source: std::io::Error },
     #[error("the engine is full: {0}")]
     AdmissionRejected(String),
+    /// A model or a session's context cannot fit the memory budget (`fit()`'s formulas).
+    #[error("insufficient memory: {0}")]
+    InsufficientMemory(String),
     #[error("collect and callback sessions return their output through result, not events")]
     NotAStream,
     #[error("generation events have one consumer")]
@@ -122,6 +125,7 @@ impl Error {
             Error::Mlx(_) => "MLX_ERROR",
             Error::Io { .. } => "IO_ERROR",
             Error::AdmissionRejected(_) => "ADMISSION_REJECTED",
+            Error::InsufficientMemory(_) => "INSUFFICIENT_MEMORY",
             Error::NotAStream => "NOT_A_STREAM",
             Error::AlreadyConsumed => "ALREADY_CONSUMED",
             Error::ConcurrentNext => "CONCURRENT_NEXT",

@@ -13,6 +13,8 @@ export interface ServerContext {
 export interface ContextOptions extends LoadOptions {
   /** A chat template used instead of the model's own (a `ChatTemplate` or its source). */
   chatTemplate?: ChatTemplate | string
+  /** A model whose weights leave no context in this many bytes (`fit`'s `maxSafeContext` 0) throws `INSUFFICIENT_MEMORY` before it loads. */
+  memoryBudgetBytes?: number
 }
 
 /**
@@ -56,6 +58,8 @@ export interface ServerOptions {
    * for every layer, or `'off'`.
    */
   kvQuant?: 'off' | 'config' | number
+  /** The engine's `memoryBudgetBytes` (see `EngineOptions`): a request whose context cannot fit gets `400` `INSUFFICIENT_MEMORY`. Default: none (mlx-bun: RAM × 0.75). */
+  memoryBudgetBytes?: number
 }
 
 /** A running HTTP server. Like `Bun.serve`'s, it keeps the process alive until `close()`. */

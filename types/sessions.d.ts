@@ -29,6 +29,14 @@ export interface EngineOptions {
    * disables both. Default 2e9 (mlx-bun's server `promptCacheBytes`). `generate()` keeps none.
    */
   prefixCacheBytes?: number
+  /**
+   * mlx-bun's `memoryBudgetBytes`: a session is admitted only while its whole context (prompt
+   * and `maxTokens`, billed by `fit`'s formulas with its `kvBits`) fits beside the model's weights,
+   * the contexts of the sessions running and the prefix cache. Prefix-cache entries are reclaimed
+   * first (oldest first); then it waits for running sessions to end; a context that could not fit
+   * even alone fails the session with `INSUFFICIENT_MEMORY`. Default: none.
+   */
+  memoryBudgetBytes?: number
   /** Tokenizer for `messages` requests. Default: the one beside the model. */
   tokenizer?: Tokenizer
   /** Chat template for `messages` requests. Default: the model's own. */

@@ -139,6 +139,23 @@ impl PrefixCache {
         }
     }
 
+    /// Bytes of the entries held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drops the least recently used entry; says whether there was one.
+    pub fn reclaim_oldest(&mut self) -> bool {
+        if self.entries.is_empty() {
+            return false;
+        }
+        let e = self.entries.remove(0);
+        self.bytes -= e.bytes;
+        self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        self.publish();
+        true
+    }
+
     /// Drops every entry (their memory goes back to MLX's buffer cache).
     pub fn reclaim(&mut self) {
         self.entries.clear();

@@ -223,6 +223,11 @@ struct ServeArgs {
     /// without one), at this many bits (2, 3, 4, 5, 6 or 8), or not at all (off).
     #[arg(long, default_value = "config", value_parser = crate::server::KvQuantSetting::parse)]
     kv_quant: crate::server::KvQuantSetting,
+    /// Refuse the model if its weights leave no context in this many bytes, and admit a request
+    /// only while its whole context (prompt and max_tokens) fits beside the running ones, by
+    /// `fit`'s formulas (reclaiming prompt-cache entries first); unset: no budget.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    memory_budget_bytes: Option<u64>,
 }
 
 /// Quantized KV caches, with mlx-lm's flags.
@@ -429,7 +434,7 @@ fn serve(a: ServeArgs) -> Result<()> {
         Some(p) => Some(std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?),
         None => None,
     };
-    let (mut ctx, loaded) = ServerContext::open(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template })?;
+    let (mut ctx, loaded) = ServerContext::open(&model, ContextOptions { id: a.id, f32_matmuls: a.f32_matmuls.into(), chat_template, memory_budget_bytes: a.memory_budget_bytes })?;
     let draft = a.draft_model.as_ref().map(|p| ctx.attach_draft(p, a.num_draft_tokens as usize).map(|l| (p, l))).transpose()?;
     wait_loaded(&model, loaded)?;
     if let Some((path, loaded)) = draft {
@@ -458,6 +463,7 @@ fn serve(a: ServeArgs) -> Result<()> {
             None => FillConfig::from_env()?,
         },
         kv_quant: a.kv_quant,
+        memory_budget_bytes: a.memory_budget_bytes,
         ..Default::default()
     };
     let id = ctx.id.clone();

@@ -33,6 +33,9 @@ pub struct EngineOptions {
     pub grammar_jump: bool,
     /// mlx-bun's fill feature (`MLX_BUN_FILL*`, or the option `fill`).
     pub fill: FillConfig,
+    /// mlx-bun's `memoryBudgetBytes`: sessions are admitted only while their contexts fit
+    /// (`memory`); `None`: no budget.
+    pub memory_budget_bytes: Option<u64>,
 }
 
 /// The prefix cache's default cap, as mlx-bun's server (`promptCacheBytes`).
@@ -53,6 +56,7 @@ impl Default for EngineOptions {
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
             grammar_jump: false,
             fill: FillConfig::default(),
+            memory_budget_bytes: None,
         }
     }
 }
@@ -97,6 +101,7 @@ impl EngineOptions {
         o.max_queued = count("maxQueued", o.max_queued)?;
         o.max_iteration_tokens = count("maxIterationTokens", o.max_iteration_tokens)?;
         o.max_preparation_tokens = count("maxPreparationTokens", o.max_preparation_tokens)?;
+        o.memory_budget_bytes = get("memoryBudgetBytes")?;
         o.prefix_cache_bytes = match map.get("prefixCacheBytes") {
             None => o.prefix_cache_bytes,
             Some(x) => match x.as_f64() {

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::caller_cache::CallerCaches;
+use super::models::ModelId;
 use super::generate::{Caches, Generation, PrefixUse};
 use super::admission::{Admission, Lease, Reservation};
 use super::placement::{self, Mechanism, Method};
@@ -15,7 +16,7 @@ use super::method::{MethodRun, Plan, Row, Step};
 use super::resources::{dispose_all, Release};
 use super::session::{MethodResult, Output, OutputMode, Readiness, Session, SessionState};
 use crate::error::{catch_panic, Error, Result};
-use crate::cache::PrefixCache;
+use crate::cache::{KvQuantOptions, PrefixCache};
 use crate::model::LanguageModel;
 
 /// A row's model, as an identity: rows step together only within one model.
@@ -38,6 +39,8 @@ pub struct Driver {
     settled: bool,
     /// The group's batched decode step this session last took part in (0: none).
     pub batched_at: u64,
+    /// Bytes its context was admitted with under the engine's memory budget (0 without one).
+    pub reserved_bytes: f64,
 }
 
 /// Where a session stands in its engine's group (the scheduler's view of it).
@@ -65,6 +68,7 @@ impl Driver {
             finished: None,
             settled: false,
             batched_at: 0,
+            reserved_bytes: 0.0,
         }
     }
 
@@ -86,6 +90,15 @@ impl Driver {
         match self.run.as_ref().map(|r| r.row_ref().map(|row| row.prompt_left() == 0)) {
             None | Some(Some(false)) => Phase::Preparing,
             Some(_) => Phase::Active,
+        }
+    }
+
+    /// What a generation's whole context needs of memory: its model, its positions (prompt and
+    /// `maxTokens`), its KV quantization and its prefill chunk. `None` for other methods.
+    pub fn context(&self) -> Option<(ModelId, usize, &KvQuantOptions, usize)> {
+        match &self.spec {
+            Some(MethodSpec::Generate { model, prompt, opts, .. }) => Some((*model, prompt.len() + opts.max_tokens as usize, &opts.kv, opts.prefill_chunk_size as usize)),
+            _ => None,
         }
     }
 

@@ -18,6 +18,7 @@ use super::session::{CancelReason, Output};
 use super::models::{when_loaded, ModelId, Models};
 use super::tasks::ExecutionTasks;
 use super::caller_cache::CallerCaches;
+use super::memory::{MemoryBudget, Verdict};
 use crate::cache::PrefixCache;
 use crate::error::{Error, Result};
 use crate::mlx::blas;
@@ -89,6 +90,8 @@ pub struct Group {
     pub prefix: Rc<RefCell<PrefixCache>>,
     /// The layers of caller-owned caches (`model.makeCache()`).
     caller_caches: CallerCaches,
+    /// The engine's memory budget over its model, once a session has needed it.
+    memory: Option<MemoryBudget>,
 }
 
 impl Group {
@@ -104,7 +107,33 @@ impl Group {
             worked: false,
             batch_seq: 0,
             hold_until: None,
+            memory: None,
         }
+    }
+
+    /// The bytes queued driver `i`'s context needs and those the running sessions hold, under
+    /// the engine's memory budget; `None` without a budget (or before its model has loaded).
+    fn memory_need(&mut self, i: usize) -> Result<Option<(f64, f64)>> {
+        let Some(budget) = self.engine.as_ref().and_then(|e| e.options.memory_budget_bytes) else { return Ok(None) };
+        let Some((model, tokens, kv, chunk)) = self.drivers[i].context() else { return Ok(None) };
+        if self.memory.is_none() {
+            let Some(model) = when_loaded(&self.models, model)? else { return Ok(None) };
+            self.memory = Some(MemoryBudget::of(budget, model.config())?);
+        }
+        let need = self.memory.as_ref().expect("set above").need(tokens, kv, chunk);
+        Ok(Some((need, self.reserved_bytes())))
+    }
+
+    fn reserved_bytes(&self) -> f64 {
+        self.drivers.iter().filter(|d| matches!(d.phase(), Phase::Preparing | Phase::Active)).map(|d| d.reserved_bytes).sum()
+    }
+
+    /// The first queued session waits for running ones to free memory: nothing can be admitted
+    /// before it (sessions are admitted in order).
+    fn waits_for_memory(&self) -> bool {
+        let (Some(memory), Some(d)) = (&self.memory, self.drivers.iter().find(|d| d.phase() == Phase::Queued)) else { return false };
+        let Some((_, tokens, kv, chunk)) = d.context() else { return false };
+        memory.waits(memory.need(tokens, kv, chunk), self.reserved_bytes())
     }
 
     /// Active rows that can decode now: one token each in the next decode step.
@@ -326,6 +355,9 @@ impl ExecutionGroup for Group {
         self.count(Phase::Active)
     }
     fn queued(&self) -> usize {
+        if self.waits_for_memory() {
+            return 0;
+        }
         self.count(Phase::Queued) + self.engine.as_ref().map_or(0, |e| e.arriving())
     }
     fn preparing(&self) -> bool {
@@ -392,10 +424,29 @@ impl ExecutionGroup for Group {
         self.tasks.prune();
     }
     fn admit_next(&mut self) -> bool {
-        self.drivers
-            .iter_mut()
-            .find(|d| d.phase() == Phase::Queued)
-            .is_some_and(Driver::admit)
+        let Some(i) = self.drivers.iter().position(|d| d.phase() == Phase::Queued) else { return false };
+        let verdict = self.memory_need(i).map(|need| {
+            need.map(|(need, reserved)| {
+                let memory = self.memory.as_ref().expect("a budget gives a need");
+                let prefix = &self.prefix;
+                (need, memory.admit(need, reserved, || prefix.borrow().bytes() as f64, || prefix.borrow_mut().reclaim_oldest()))
+            })
+        });
+        let need = match verdict {
+            Ok(None) => 0.0,
+            Ok(Some((need, Verdict::Admit))) => need,
+            Ok(Some((_, Verdict::Wait))) => return false,
+            Ok(Some((_, Verdict::Refuse(e)))) | Err(e) => {
+                self.drivers[i].settle(Err(e));
+                self.drivers.retain(|d| !d.settled());
+                return false;
+            }
+        };
+        let admitted = self.drivers[i].admit();
+        if admitted {
+            self.drivers[i].reserved_bytes = need;
+        }
+        admitted
     }
     /// The next queued prompt fits one iteration's token budget.
     fn can_burst(&self) -> bool {

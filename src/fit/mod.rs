@@ -502,6 +502,15 @@ impl ModelFit {
         fit(&Request { text: &self.text, weights_bytes: self.weights_bytes, ctx, machine, chunk: DEFAULT_CHUNK, experts_bytes: self.experts_bytes, usable_bytes: None, kv })
     }
 
+    /// The longest context that fits `budget` bytes (mlx-bun's `loadContext` refuses a model
+    /// for which it is 0).
+    pub fn max_safe_context(&self, budget: f64) -> Result<f64> {
+        let machine = Machine { ram_bytes: budget, bandwidth_gbs: 1.0 };
+        let kv = KvScheme::default();
+        let r = Request { text: &self.text, weights_bytes: self.weights_bytes, ctx: 0.0, machine, chunk: DEFAULT_CHUNK, experts_bytes: self.experts_bytes, usable_bytes: Some(budget), kv: &kv };
+        Ok(fit(&r)?.max_safe_context)
+    }
+
     pub fn sku_matrix(&self, ctx: f64, kv: &KvScheme) -> Result<Vec<SkuRow>> {
         sku_matrix(&self.text, self.weights_bytes, ctx, self.experts_bytes, kv)
     }

@@ -24,9 +24,10 @@ pub struct ServerContext {
 
 /// `chatTemplate`: a template's source, used instead of the model's own.
 #[napi(catch_unwind)]
-pub fn load_context_native(path: String, id: Option<String>, options: Option<LoadOptions>, chat_template: Option<String>) -> napi::Result<ServerContext> {
+pub fn load_context_native(path: String, id: Option<String>, options: Option<LoadOptions>, chat_template: Option<String>, memory_budget_bytes: Option<f64>) -> napi::Result<ServerContext> {
     let f32_matmuls = f32_matmuls(options)?;
-    let (ctx, loaded) = CoreContext::open(Path::new(&path), ContextOptions { id, f32_matmuls, chat_template }).map_err(js_error)?;
+    let memory_budget_bytes = memory_budget_bytes.map(|v| whole("memoryBudgetBytes", v, 1.0, SAFE)).transpose()?;
+    let (ctx, loaded) = CoreContext::open(Path::new(&path), ContextOptions { id, f32_matmuls, chat_template, memory_budget_bytes }).map_err(js_error)?;
     Ok(ServerContext { inner: Arc::new(ctx), load: Arc::new(tokio::sync::Mutex::new(Load::Pending(loaded))) })
 }
 
@@ -65,6 +66,7 @@ pub struct ServerOptions {
     pub fill: Option<serde_json::Value>,
     /// `'off'`, `'config'` (the default) or a number of bits.
     pub kv_quant: Option<serde_json::Value>,
+    pub memory_budget_bytes: Option<f64>,
 }
 
 /// A whole number in `[min, max]`, or the option's error.
@@ -109,6 +111,7 @@ fn core_options(port: u32, o: ServerOptions) -> napi::Result<CoreOptions> {
             Some(other) => return Err(js_error(Error::option("log", format!("must be 'text', 'json' or 'off', got '{other}'")))),
         },
         shutdown_grace: o.shutdown_grace_ms.map(|v| whole("shutdownGraceMs", v, 0.0, SAFE)).transpose()?.map_or(d.shutdown_grace, Duration::from_millis),
+        memory_budget_bytes: o.memory_budget_bytes.map(|v| whole("memoryBudgetBytes", v, 1.0, SAFE)).transpose()?,
         kv_quant: match &o.kv_quant {
             None => d.kv_quant,
             Some(serde_json::Value::String(s)) => KvQuantSetting::parse(s).map_err(js_error)?,

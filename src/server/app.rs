@@ -53,6 +53,8 @@ pub struct ServerOptions {
     pub fill: FillConfig,
     /// How every request's KV caches are quantized (mlx-bun's `kvQuant`).
     pub kv_quant: KvQuantSetting,
+    /// Requests are admitted only while their contexts fit (the engine's `memoryBudgetBytes`).
+    pub memory_budget_bytes: Option<u64>,
 }
 
 /// mlx-bun's `kvQuant`: per the model's kv_config.json (`Config`, the default, as optiq serve
@@ -107,6 +109,7 @@ impl Default for ServerOptions {
             max_queued: EngineOptions::default().max_queued,
             fill: FillConfig::default(),
             kv_quant: KvQuantSetting::Config,
+            memory_budget_bytes: None,
         }
     }
 }
@@ -126,6 +129,7 @@ impl App {
             max_active: options.batch,
             max_queued: options.max_queued,
             fill: options.fill.clone(),
+            memory_budget_bytes: options.memory_budget_bytes,
             ..Default::default()
         };
         let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, limits);

@@ -30,6 +30,9 @@ pub struct ContextOptions {
     pub f32_matmuls: F32Matmuls,
     /// A Jinja chat template to use instead of the model's own (its source).
     pub chat_template: Option<String>,
+    /// mlx-bun's `memoryBudgetBytes`: a model whose weights leave no context in it is refused
+    /// (`INSUFFICIENT_MEMORY`) before it loads.
+    pub memory_budget_bytes: Option<u64>,
 }
 
 pub struct ServerContext {
@@ -59,13 +62,24 @@ impl ServerContext {
     /// thread: the context is usable at once (requests wait behind the load, and fail with its
     /// error if it fails); the receiver says how the load ended.
     pub fn open(path: &Path, options: ContextOptions) -> Result<(Self, oneshot::Receiver<Result<()>>)> {
-        let ContextOptions { id, f32_matmuls, chat_template } = options;
+        let ContextOptions { id, f32_matmuls, chat_template, memory_budget_bytes } = options;
         let (tokenizer, mut template) = load_tokenizer(path)?;
         if let Some(source) = chat_template {
             template = Some(ChatTemplate::new(source, tokenizer.bos_token(), tokenizer.eos_token())?);
         }
         let (weights, config) = open_source(path)?;
         let fit = ModelFit::of(&config, path)?;
+        if let Some(budget) = memory_budget_bytes {
+            // Refused before a byte of the weights is loaded.
+            if fit.max_safe_context(budget as f64)? < 1.0 {
+                return Err(Error::InsufficientMemory(format!(
+                    "{}: {:.0} MB of weights leave no context in memoryBudgetBytes ({:.0} MB)",
+                    path.display(),
+                    fit.weights_bytes / 1e6,
+                    budget as f64 / 1e6
+                )));
+            }
+        }
         let weights = weights.with_f32_matmuls(f32_matmuls);
         let eos_ids = eos_ids(&config, &tokenizer);
         let defaults = if path.is_dir() { read_defaults(&path.join("generation_config.json"))? } else { ModelDefaults::default() };
@@ -88,7 +102,6 @@ impl ServerContext {
             return Err(Error::option("draftModel", format!("{}: its vocabulary ({}) is not the model's ({})", path.display(), config.vocab_size, self.vocab_size)));
         }
         let vocab_size = config.vocab_size;
-        let kv_config: Vec<_> = config.kv_quant.iter().flatten().map(|s| (s.layer_idx, KvQuant { bits: s.bits, group_size: s.group_size })).collect();
         let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
         self.draft = Some(Draft { model, tokens, vocab_size });
         Ok(loaded)

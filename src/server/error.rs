@@ -73,6 +73,8 @@ impl From<Error> for ApiError {
                 StatusCode::BAD_REQUEST
             }
             Error::AdmissionRejected(_) => StatusCode::TOO_MANY_REQUESTS,
+            // A context the memory budget cannot hold, as hosted APIs answer a context too long.
+            _ if e.code() == "INSUFFICIENT_MEMORY" => StatusCode::BAD_REQUEST,
             Error::EngineClosed | Error::EngineDead => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };

@@ -149,7 +149,10 @@ impl Run {
             Status::Completed(r) => r.finish_reason,
             Status::Cancelled(_) if stop_sequence.is_some() => FinishReason::Stop,
             Status::Cancelled(reason) => return Err(Error::Cancelled(reason.as_str().into()).into()),
-            Status::Failed(f) => return Err(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, f.cause.unwrap_or(f.code), f.message)),
+            Status::Failed(f) => {
+                let code = f.cause.unwrap_or(f.code);
+                return Err(Error::Copied { code, message: f.message }.into());
+            }
         };
         let m = outcome.metrics.unwrap_or_default();
         Ok(Chunk::Done(Summary {
