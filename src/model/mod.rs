@@ -10,6 +10,7 @@ pub mod gemma3_text;
 pub mod glm4;
 pub mod gguf;
 pub mod gguf_config;
+pub mod gguf_names;
 pub mod gguf_quants;
 pub mod gguf_weights;
 pub mod granite;
