@@ -568,7 +568,7 @@ describe('createServer in the addon', () => {
     assert.match(await inflight, /data: \{"error"/)
     await assert.rejects(fetch(`${s.url}/health`))
     assert.throws(() => mlx.createServer(ctx, 0, { kvQuant: 7 }), { code: 'INVALID_OPTION', message: /kvQuant/ })
-    assert.throws(() => mlx.createServer(ctx, 0, { memoryBudgetBytes: 1e9 }), { code: 'UNSUPPORTED_OPTION' })
+    assert.throws(() => mlx.createServer(ctx, 0, { hlg: true }), { code: 'UNSUPPORTED_OPTION', message: /hlg/ })
     assert.throws(() => mlx.createServer(ctx, 0, { btach: 2 }), { code: 'INVALID_OPTION', message: /did you mean 'batch'/ })
     assert.throws(() => mlx.createServer(ctx, 70000), { code: 'INVALID_OPTION' })
   })
