@@ -11,4 +11,12 @@ function arg(name, fallback) {
 /** The JavaScript runtime running the script, for report headers. */
 const runtime = typeof Bun !== 'undefined' ? `bun ${Bun.version}` : `node ${process.version}`
 
-module.exports = { arg, runtime }
+/** The environment for a Python mlx-lm peer: the addon links the system's OpenBLAS, so the peer
+ * gets the same BLAS through LD_PRELOAD (without it, MLX's CPU wheel multiplies ~10x slower). */
+function peerEnv() {
+  const fs = require('node:fs')
+  const blas = `/usr/lib/${process.arch === 'arm64' ? 'aarch64' : 'x86_64'}-linux-gnu/libopenblas.so.0`
+  return { ...process.env, ...(process.platform === 'linux' && fs.existsSync(blas) ? { LD_PRELOAD: blas } : {}) }
+}
+
+module.exports = { arg, runtime, peerEnv }

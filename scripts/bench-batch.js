@@ -11,10 +11,9 @@
 'use strict'
 const { execFileSync } = require('node:child_process')
 const path = require('node:path')
-const fs = require('node:fs')
 const mlx = require('..')
 
-const { arg, runtime } = require('./args')
+const { arg, runtime, peerEnv } = require('./args')
 const ROOT = path.join(__dirname, '..')
 const model = arg('model', path.join(ROOT, 'fixtures', 'smollm2-bf16'))
 const P = Number(arg('prompt-tokens', 16))
@@ -67,9 +66,7 @@ async function ours() {
 
 function theirs() {
   const py = path.join(ROOT, '.venv', 'bin', 'python')
-  const blas = ['/usr/lib/x86_64-linux-gnu/libopenblas.so.0', '/usr/lib/aarch64-linux-gnu/libopenblas.so.0'].find((p) => fs.existsSync(p))
-  const env = { ...process.env, ...(blas ? { LD_PRELOAD: blas } : {}) }
-  const out = execFileSync(py, [path.join(__dirname, 'bench_batch_mlx_lm.py'), model, `${P}`, `${G}`, ...streams.map(String)], { env })
+  const out = execFileSync(py, [path.join(__dirname, 'bench_batch_mlx_lm.py'), model, `${P}`, `${G}`, ...streams.map(String)], { env: peerEnv() })
   return out.toString().trim().split('\n').map((l) => JSON.parse(l))
 }
 

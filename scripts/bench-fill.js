@@ -12,7 +12,7 @@ const path = require('node:path')
 const fs = require('node:fs')
 const { execFileSync } = require('node:child_process')
 const mlx = require('..')
-const { arg, runtime } = require('./args')
+const { arg, runtime, peerEnv } = require('./args')
 const { EDIT } = require('./edit-prompt')
 
 const ROOT = path.join(__dirname, '..')
@@ -71,9 +71,7 @@ async function ours(dir, fill, prompts) {
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length
 
 ;(async () => {
-  const blas = `/usr/lib/${process.arch === 'x64' ? 'x86_64' : 'aarch64'}-linux-gnu/libopenblas.so.0`
-  const env = { ...process.env, ...(fs.existsSync(blas) ? { LD_PRELOAD: blas } : {}) }
-  const theirs = JSON.parse(execFileSync(path.join(ROOT, '.venv/bin/python'), ['-c', MLX_LM_SIDE, F32, JSON.stringify([edit, ...prose]), String(tokens), String(repeats)], { encoding: 'utf8', env }))
+  const theirs = JSON.parse(execFileSync(path.join(ROOT, '.venv/bin/python'), ['-c', MLX_LM_SIDE, F32, JSON.stringify([edit, ...prose]), String(tokens), String(repeats)], { encoding: 'utf8', env: peerEnv() }))
   const f = (x) => x.toFixed(2)
   console.log(`# fill (echo) — ${tokens} tokens, greedy, best of ${repeats}, ${runtime}`)
   console.log('| weights | prompt | mlx-lm tok/s | plain tok/s | echo tok/s (k 8, span 32) | × plain | echo tok/s (k 4, span 16) | × plain | × mlx-lm | tokens appended (k 8 / k 4) | same output |')

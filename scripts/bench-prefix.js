@@ -13,7 +13,7 @@
 const path = require('node:path')
 const { execFileSync } = require('node:child_process')
 const mlx = require('..')
-const { arg, runtime } = require('./args')
+const { arg, runtime, peerEnv } = require('./args')
 
 const ROOT = path.join(__dirname, '..')
 const modelDir = path.resolve(arg('model', path.join(ROOT, 'fixtures/smollm2-f32')))
@@ -100,7 +100,7 @@ async function shared(model, vocab, prefixCacheBytes) {
   const together = [await shared(model, model.config.vocabSize, 2e9), await shared(model, model.config.vocabSize, 0)]
   model.dispose()
   const py = path.join(ROOT, '.venv/bin/python')
-  const theirs = JSON.parse(execFileSync(py, ['-c', MLX_LM_SIDE, modelDir, JSON.stringify(histories), String(TURN), String(repeats)], { encoding: 'utf8' }))
+  const theirs = JSON.parse(execFileSync(py, ['-c', MLX_LM_SIDE, modelDir, JSON.stringify(histories), String(TURN), String(repeats)], { encoding: 'utf8', env: peerEnv() }))
   const f = (x) => x.toFixed(0).padStart(7)
   console.log(`${runtime}, model ${modelDir}, new turn ${TURN} tokens, median of ${repeats}; TTFT in ms`)
   console.log('history | mlx-bun cold | mlx-bun hit | hit/cold | mlx-lm cold | mlx-lm hit | hit/cold | hit: mlx-bun/mlx-lm')

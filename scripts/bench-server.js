@@ -8,19 +8,17 @@
 //
 //   node scripts/bench-server.js [--model fixtures/smollm2-f32] [--clients 1,8,32] [--gen-tokens 32]
 const { spawn } = require('node:child_process')
-const fs = require('node:fs')
 const path = require('node:path')
-const { arg, runtime } = require('./args')
+const { arg, runtime, peerEnv } = require('./args')
 
 const ROOT = path.join(__dirname, '..')
 const MODEL_ARG = arg('model', 'fixtures/smollm2-f32')
 const MODEL = path.resolve(ROOT, MODEL_ARG)
 const CLIENTS = arg('clients', '1,8,32').split(',').map(Number)
 const GEN = Number(arg('gen-tokens', '32'))
-const BLAS = `/usr/lib/${process.arch === 'arm64' ? 'aarch64' : 'x86_64'}-linux-gnu/libopenblas.so.0`
 
 function start(name, cmd, argv, env, ready) {
-  const child = spawn(cmd, argv, { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
+  const child = spawn(cmd, argv, { env, stdio: ['ignore', 'ignore', 'pipe'] })
   let log = ''
   return new Promise((resolve, reject) => {
     child.stderr.on('data', (d) => {
@@ -95,9 +93,8 @@ async function measure(url, model) {
 }
 
 async function main() {
-  const env = fs.existsSync(BLAS) ? { LD_PRELOAD: BLAS } : {}
   const id = path.basename(MODEL)
-  const ours = await start('mlx-bun serve', path.join(ROOT, 'target/release/mlx-bun'), ['serve', '--model', MODEL, '--port', '8431', '--log-format', 'off', '--batch', String(Math.max(...CLIENTS))], {}, /serving/)
+  const ours = await start('mlx-bun serve', path.join(ROOT, 'target/release/mlx-bun'), ['serve', '--model', MODEL, '--port', '8431', '--log-format', 'off', '--batch', String(Math.max(...CLIENTS))], process.env, /serving/)
   let a
   try {
     a = await measure('http://127.0.0.1:8431', id)
@@ -105,7 +102,7 @@ async function main() {
     ours.kill('SIGTERM')
   }
   const py = path.join(ROOT, '.venv/bin/python')
-  const theirs = await start('mlx_lm.server', py, ['-m', 'mlx_lm', 'server', '--model', MODEL, '--port', '8432', '--decode-concurrency', String(Math.max(...CLIENTS))], env, /Starting httpd|Uvicorn running|127\.0\.0\.1:8432/)
+  const theirs = await start('mlx_lm.server', py, ['-m', 'mlx_lm', 'server', '--model', MODEL, '--port', '8432', '--decode-concurrency', String(Math.max(...CLIENTS))], peerEnv(), /Starting httpd|Uvicorn running|127\.0\.0\.1:8432/)
   let b
   try {
     await new Promise((r) => setTimeout(r, 1000))

@@ -11,7 +11,7 @@ const path = require('node:path')
 const fs = require('node:fs')
 const { execFileSync } = require('node:child_process')
 const mlx = require('..')
-const { arg, runtime } = require('./args')
+const { arg, runtime, peerEnv } = require('./args')
 
 const ROOT = path.join(__dirname, '..')
 const FIX = path.join(ROOT, 'fixtures')
@@ -76,9 +76,7 @@ async function ours(draftDir) {
   const plain = await ours(null)
   const q4 = await ours(Q4)
   const gguf = await ours(GGUF)
-  const blas = `/usr/lib/${process.arch === 'x64' ? 'x86_64' : 'aarch64'}-linux-gnu/libopenblas.so.0`
-  const env = { ...process.env, ...(fs.existsSync(blas) ? { LD_PRELOAD: blas } : {}) }
-  const theirs = JSON.parse(execFileSync(path.join(ROOT, '.venv/bin/python'), ['-c', MLX_LM_SIDE, TARGET, Q4, JSON.stringify(prompts), String(tokens), String(k)], { encoding: 'utf8', env }))
+  const theirs = JSON.parse(execFileSync(path.join(ROOT, '.venv/bin/python'), ['-c', MLX_LM_SIDE, TARGET, Q4, JSON.stringify(prompts), String(tokens), String(k)], { encoding: 'utf8', env: peerEnv() }))
   const f = (x) => x.toFixed(2)
   console.log(`# speculative decoding — target smollm2-f32, ${tokens} tokens × ${prompts.length} prompts, greedy, k = ${k}, ${runtime}`)
   console.log('| engine | draft | decode tok/s | vs its plain | acceptance |')
