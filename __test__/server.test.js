@@ -154,6 +154,21 @@ describe('mlx-bun serve on SmolLM2 (real weights)', () => {
     assert.equal(m.stop_sequence, stop)
   })
 
+  test('a reply cut by a stop string leaves its cache for the next turn', async () => {
+    const ask = [{ role: 'user', content: 'Which planet is the largest?' }]
+    const want = await reference(chatPrompt(ask), 12)
+    const stop = want.slice(Math.floor(want.length / 2), Math.floor(want.length / 2) + 3)
+    const cut = want.slice(0, want.indexOf(stop))
+    const first = await openai.chat.completions.create({ model: MODEL, messages: ask, max_tokens: 12, temperature: 0, stop })
+    assert.equal(first.choices[0].message.content, cut)
+    assert.equal(first.choices[0].finish_reason, 'stop')
+    const turn = [...ask, { role: 'assistant', content: cut }, { role: 'user', content: 'And the smallest?' }]
+    const second = await openai.chat.completions.create({ model: MODEL, messages: turn, max_tokens: 6, temperature: 0 })
+    // Nothing else asked this question: only the cut reply's own cache holds its prompt.
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens, JSON.stringify(second.usage))
+    assert.equal(second.choices[0].message.content, await reference(chatPrompt(turn), 6))
+  })
+
   test('logprobs: each token with its alternatives', async () => {
     const r = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 })
     const lp = r.choices[0].logprobs.content

@@ -181,6 +181,8 @@ struct Inner {
     limit: u64,
     buffer: Option<Vec<u32>>,
     output_stopped: bool,
+    /// The consumer has all it wants (`finish_output`): later commits are discarded.
+    output_finished: bool,
     consumer_error: Option<String>,
     idle_deadline: Option<Instant>,
     outcome: Option<Outcome>,
@@ -240,6 +242,7 @@ impl Session {
                 limit: 0,
                 buffer: None,
                 output_stopped: false,
+                output_finished: false,
                 consumer_error: None,
                 idle_deadline: None,
                 outcome: None,
@@ -394,6 +397,30 @@ impl Session {
         s.clear_outbox();
         s.producer_waiting = false;
         drop(s);
+        self.hooks.wake();
+    }
+
+    /// The consumer has all it wants (the server matched a stop string): queued events are
+    /// dropped, whatever the method commits from now on is discarded, and the method ends at its
+    /// next step with `stop`, so its caches go back to the prefix cache. A cancel would end it
+    /// too, but a cancelled row may be between layers and never hands its caches on. Unlike
+    /// `stop_output`, which a callback calls while the method waits for it, this may come from
+    /// another thread in the middle of a step: a commit racing it is not the method's error.
+    pub fn finish_output(&self) {
+        let mut s = self.lock();
+        if s.state == SessionState::Terminal || s.cancelled.is_some() {
+            return;
+        }
+        s.output_finished = true;
+        let undelivered: usize = s.ready.drain(..).map(|e| e.tokens()).sum();
+        s.committed -= undelivered as u64;
+        s.handed.clear();
+        s.queued_tokens = 0;
+        s.clear_outbox();
+        s.producer_waiting = false;
+        s.idle_deadline = None;
+        drop(s);
+        self.changed.notify_waiters();
         self.hooks.wake();
     }
 
@@ -595,9 +622,10 @@ fn unless_cancelled(reason: Option<CancelReason>) -> Result<()> {
 }
 
 impl Output<'_> {
-    /// The consumer asked for no more output (callback returned `false`, or threw).
+    /// The consumer asked for no more output (callback returned `false` or threw; `finish_output`).
     pub fn stopped(&self) -> bool {
-        self.session.lock().output_stopped
+        let s = self.session.lock();
+        s.output_stopped || s.output_finished
     }
 
     /// `Cancelled` once the session is cancelled: a long step asks between its parts.
@@ -619,6 +647,9 @@ impl Output<'_> {
         let session = self.session;
         let mut s = session.lock();
         self.check_live(&s)?;
+        if s.output_finished {
+            return Ok(());
+        }
         if s.output_stopped {
             return Err(Error::Protocol("method published after the consumer requested a stop".into()));
         }
@@ -667,7 +698,7 @@ impl Output<'_> {
         if !completed.is_finite() || completed < 0.0 || total.is_some_and(|t| !t.is_finite() || t < completed) {
             return Err(Error::Protocol("invalid progress".into()));
         }
-        if session.mode != OutputMode::Stream {
+        if session.mode != OutputMode::Stream || s.output_finished {
             return Ok(());
         }
         s.outbox.push_back(SessionEvent::Progress { completed, total });
@@ -810,5 +841,20 @@ mod tests {
         s.stop_output();
         assert_eq!(s.committed(), 2);
         assert!(s.output().stopped());
+    }
+
+    #[test]
+    fn a_finished_stream_discards_what_the_method_still_commits() {
+        let s = session(OutputMode::Stream, limits(2, 2));
+        s.begin_output(10);
+        s.output().commit(&[1, 2], None).unwrap();
+        s.output().commit(&[3, 4], None).unwrap();
+        assert!(s.lock().producer_waiting, "the queue is full");
+        s.finish_output();
+        assert!(s.output().stopped());
+        assert!(!s.lock().producer_waiting && s.lock().outbox.is_empty(), "no longer waiting for the consumer");
+        s.output().commit(&[5], None).unwrap();
+        s.output().progress(1.0, None).unwrap();
+        assert_eq!(s.committed(), 0, "nothing the consumer did not take counts");
     }
 }

@@ -128,9 +128,10 @@ impl Run {
                     let matched = self.stop.push(&self.decoder.push(id)?);
                     piece.text += &matched.text;
                     if let Some(stop) = matched.stop {
-                        // The rest is cut: the session stops at its next step.
+                        // The rest is cut: the session stops at its next step and hands its
+                        // caches to the prefix cache, for the conversation's next turn.
                         self.end = Some(Some(stop));
-                        self.session.cancel(CancelReason::Requested);
+                        self.session.finish_output();
                         self.events.clear();
                         return Ok(Chunk::Piece(piece));
                     }
@@ -146,8 +147,9 @@ impl Run {
         let outcome = self.session.outcome().await;
         let stop_sequence = self.end.take().flatten();
         let finish_reason = match outcome.status {
+            // The answer was complete at the stop string, whatever ended the session after it.
+            _ if stop_sequence.is_some() => FinishReason::Stop,
             Status::Completed(r) => r.finish_reason,
-            Status::Cancelled(_) if stop_sequence.is_some() => FinishReason::Stop,
             Status::Cancelled(reason) => return Err(Error::Cancelled(reason.as_str().into()).into()),
             Status::Failed(f) => {
                 let code = f.cause.unwrap_or(f.code);
