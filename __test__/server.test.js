@@ -204,7 +204,7 @@ describe('mlx-bun serve on SmolLM2 (real weights)', () => {
     assert.ok(obj !== null && typeof obj === 'object' && !Array.isArray(obj))
   })
 
-  test('--draft-model: speculative decoding behind the same answers; requests it cannot serve decode without it', async () => {
+  test('--draft-model: speculative decoding behind the same answers, with logprobs and response_format too', async () => {
     const drafted = await serve(['--draft-model', fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf'), '--num-draft-tokens', '2'])
     try {
       const client = new OpenAI({ baseURL: `${drafted.url}/v1`, apiKey: 'unused' })

@@ -63,7 +63,7 @@ impl InferenceEngine {
             validate_prompt(prompt, *vocab_size)?;
             opts.validate(*vocab_size)?;
             if let Some(d) = draft {
-                d.check(*vocab_size, opts)?;
+                d.check(*vocab_size)?;
             }
         }
         self.admission.admit_session()?;

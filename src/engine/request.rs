@@ -33,16 +33,13 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// A draft must share the target's vocabulary; the draft path does not carry grammars yet.
-    pub fn check(&self, vocab_size: usize, opts: &GenerateOptions) -> Result<()> {
+    /// A draft must share the target's vocabulary.
+    pub fn check(&self, vocab_size: usize) -> Result<()> {
         if self.vocab_size != vocab_size {
             return Err(Error::option("draftModel", format!("its vocabulary ({}) is not the model's ({vocab_size})", self.vocab_size)));
         }
         if self.tokens == 0 || self.tokens > MAX_DRAFT_TOKENS {
             return Err(Error::option("numDraftTokens", format!("must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {}", self.tokens)));
-        }
-        if opts.grammar.is_some() {
-            return Err(Error::UnsupportedOption { option: "grammar".into(), reason: "not with a draftModel (speculative decoding) yet".into() });
         }
         Ok(())
     }

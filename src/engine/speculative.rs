@@ -10,6 +10,11 @@
 //! the echo index; asserted spans are kept whole) and from a draft model (k forwards of the small
 //! model, chained lazily into the verify step's graph).
 //!
+//! A row with a grammar samples each position under the grammar's mask given the proposals
+//! before it, consuming the kept ones, so its output is what grammar-constrained decoding gives
+//! without proposals (the draft itself proposes unconstrained: a proposal the grammar forbids is
+//! simply never kept).
+//!
 //! The caches are trimmed back to the kept tokens after each step, so the row keeps its own
 //! caches (`Row::stackable` is false): in a batch its step shares the graph with the other rows,
 //! which then attend row by row.
@@ -28,6 +33,7 @@ use super::session::{MethodResult, Output};
 use crate::cache::{CacheView, LayerCache};
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, Logits, StepContext, Tokens};
+use crate::sample::grammar::{self, Constraint};
 use crate::sample::logprobs::PendingLogprobs;
 use crate::sample::{GenerateOptions, Sampler};
 
@@ -106,6 +112,10 @@ pub struct Speculative {
     sampler: Sampler,
     draft: Option<Drafter>,
     fill: Option<FillSession>,
+    /// The request's grammar, and the step's logits [count, V] its positions sample from once
+    /// their masks are known (`overlap`).
+    constraint: Option<Constraint>,
+    constrained_logits: Option<Array>,
     /// The last token kept, which the row forwards next.
     last: u32,
     fed: Fed,
@@ -145,6 +155,13 @@ impl Speculative {
                 let fill = fill
                     .map(|(config, plan)| FillSession::new(&config, plan, &eos, &prompt))
                     .transpose()?;
+                let constraint = match &opts.grammar {
+                    Some(spec) => {
+                        let env = grammar::env(&model.config().model_path(), model.config().vocab_size)?;
+                        Some(Constraint::new(&env, spec)?)
+                    }
+                    None => None,
+                };
                 let mut row = Speculative {
                     caches: RowCaches::fresh(model.as_ref(), &opts)?,
                     source: Caches::Fresh,
@@ -159,6 +176,8 @@ impl Speculative {
                     eos,
                     draft,
                     fill,
+                    constraint,
+                    constrained_logits: None,
                     last,
                     fed: Fed::Nothing,
                     proposed: None,
@@ -228,11 +247,12 @@ impl Speculative {
             Policy::Assert => m,
             Policy::Verify => proposed.iter().zip(&verified).take_while(|(d, t)| d == t).count(),
         };
-        let own = verified[n];
+        // No token of its own only where the grammar ended at a kept proposal.
+        let own = verified.get(n).copied();
         match (fed, &mut self.fill) {
             (Fed::Fill(p), Some(fill)) => {
                 fill.commit(p, n, &verified);
-                if let Some(d) = &mut self.draft {
+                if let (Some(d), Some(own)) = (&mut self.draft, own) {
                     d.input.extend_from_slice(&proposed[..n]);
                     d.input.push(own);
                 }
@@ -244,7 +264,7 @@ impl Speculative {
                 }
                 self.drafted += k as u32;
                 self.accepted += n as u32;
-                if let Some(d) = &mut self.draft {
+                if let (Some(d), Some(own)) = (&mut self.draft, own) {
                     // It forwarded what it lacked and its first k - 1 proposals.
                     if k == 0 {
                         d.input.push(own);
@@ -260,7 +280,7 @@ impl Speculative {
             }
             _ => {}
         }
-        if let Some(fill) = &mut self.fill {
+        if let (Some(fill), Some(own)) = (&mut self.fill, own) {
             fill.observe(own);
         }
         if self.first_token.is_none() {
@@ -268,11 +288,11 @@ impl Speculative {
         }
         // The model forwarded its last token and m proposals: it keeps n of them.
         self.caches.trim(m - n)?;
-        self.last = own;
+        self.last = own.or(proposed[..n].last().copied()).unwrap_or(self.last);
         // A kept token is the one sampled at its position (fill's asserted spans, which are not,
         // are never placed with logprobs), so that position's logprobs are its own.
         let logprobs = std::mem::take(&mut self.logprobs);
-        for (j, &id) in proposed[..n].iter().chain([&own]).enumerate() {
+        for (j, &id) in proposed[..n].iter().chain(own.as_ref()).enumerate() {
             self.output.push(id);
             if self.eos.contains(&id) {
                 return Ok(self.done(FinishReason::Stop));
@@ -285,7 +305,48 @@ impl Speculative {
                 return Ok(self.done(FinishReason::Length));
             }
         }
+        if self.constraint.as_ref().is_some_and(Constraint::finished) {
+            return Ok(self.done(FinishReason::Stop));
+        }
         Ok(Step::Continue)
+    }
+
+    /// A grammar row's positions, sampled in order under the grammar: position i's mask follows
+    /// the proposals before it, each kept proposal is consumed, and sampling stops at the first
+    /// position that disagrees (its token is the row's own), at a stop token, or where the
+    /// grammar has ended. The first mask is computed while the step's forward runs.
+    fn sample_constrained(&mut self, logits: Array) -> Result<()> {
+        let Some(c) = self.constraint.as_mut() else { return Ok(()) };
+        let mut allowed = (!c.finished()).then(|| c.mask(&self.eos)).transpose()?;
+        let proposed: Vec<u32> = match (&self.fed, &self.proposed) {
+            (Fed::Fill(p), _) => p.ids.clone(),
+            (Fed::Draft(k), Some(drafts)) if *k > 0 => drafts.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec(),
+            _ => Vec::new(),
+        };
+        let mut sampler = self.sampler.clone();
+        let mut kept = Vec::with_capacity(proposed.len() + 1);
+        for i in 0..=proposed.len() {
+            let Some(mask) = allowed.take() else { break };
+            let masked = grammar::apply(&logits.index(i as i32..i as i32 + 1), &mask)?;
+            let (t, logprobs) = sampler.sample(&masked, u64::from(self.generated) + i as u64)?;
+            let t = t.reshape(&[1])?;
+            if self.opts.wants_logprobs() {
+                self.logprobs.push(PendingLogprobs::new(&logprobs, &t, self.opts.top_logprobs)?);
+            }
+            let id = t.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>()[0];
+            kept.push(id);
+            if self.eos.contains(&id) {
+                break;
+            }
+            c.consume(id)?;
+            if proposed.get(i) != Some(&id) {
+                break;
+            }
+            sampler.push(&t)?;
+            allowed = (!c.finished()).then(|| c.mask(&self.eos)).transpose()?;
+        }
+        self.verified = Some(Array::from_slice(&kept, &[kept.len() as i32]));
+        Ok(())
     }
 
     pub fn stats(&self) -> GenerateStats {
@@ -393,6 +454,13 @@ impl Row for Speculative {
         };
         let logits = logits.ok_or_else(|| Error::Internal("a verify step returned no logits".into()))?;
         let logits = logits.reshape(&[count as i32, -1])?;
+        if self.constraint.is_some() {
+            // Its positions sample once their masks are known (`overlap`); the forward starts now.
+            self.constrained_logits = Some(logits.clone());
+            let mut arrays = vec![logits];
+            arrays.extend(self.proposed.clone());
+            return Ok(arrays);
+        }
         // Position i samples as plain decoding would after the first i proposals: with their
         // key index, and with them in the penalties' history.
         let mut sampler = self.sampler.clone();
@@ -419,6 +487,13 @@ impl Row for Speculative {
         arrays.extend(self.logprobs.iter().flat_map(|l| l.arrays()).cloned());
         self.verified = Some(verified);
         Ok(arrays)
+    }
+
+    fn overlap(&mut self) -> Result<()> {
+        match self.constrained_logits.take() {
+            Some(logits) => self.sample_constrained(logits),
+            None => Ok(()),
+        }
     }
 
     fn publish(&mut self, out: &mut Output<'_>) -> Result<Step> {

@@ -59,8 +59,9 @@ impl Run {
     /// `fill`: the prompt's strict fill rows.
     pub fn start(engine: &Arc<InferenceEngine>, ctx: &ServerContext, prompt: Vec<u32>, opts: GenerateOptions, stop: Vec<String>, fill: FillPlan) -> Result<Run, ApiError> {
         let logprobs = opts.wants_logprobs();
-        // The server's draft serves the requests it can; the others decode without it.
-        let draft = ctx.draft.filter(|d| d.check(ctx.vocab_size, &opts).is_ok());
+        // The server's draft (its vocabulary checked at start) goes with every request; placement
+        // drops it where the request cannot take it (a quantized KV cache).
+        let draft = ctx.draft;
         let spec = MethodSpec::Generate { model: ctx.model, prompt, opts, prefix: Default::default(), cache: None, draft, fill };
         let session = engine.open(spec, OutputMode::Stream, false)?;
         session.claim_reader()?;
