@@ -266,8 +266,8 @@ export interface GenerateOptions {
    * model's vocabulary proposes `numDraftTokens` tokens per step, this model checks them in one
    * forward and keeps them up to the first it disagrees with. Greedy output is this model's
    * greedy output; a seeded sampled run is reproducible. A vocabulary of another size →
-   * `INVALID_OPTION`; with a `grammar` → `UNSUPPORTED_OPTION` (not yet). Penalties and
-   * `logprobs` are those of plain decoding at each kept position.
+   * `INVALID_OPTION`. Penalties, `logprobs` and a `grammar` are those of plain decoding at
+   * each kept position (a proposal the grammar forbids is never kept).
    * `stats.draftTokens` / `stats.acceptedDraftTokens` count the proposals.
    */
   draftModel?: Model
