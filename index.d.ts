@@ -190,9 +190,12 @@ export interface LoadOptions {
    * bf16/f16 ones use MLX's own, several times slower kernel.
    * - `'auto'` (default): on the CPU backend, the matrices stored in f32 (same results bit for bit,
    *   faster); on Metal, none.
-   * - `'all'`: bf16 and f16 matrices too. Several times faster on the CPU backend at twice their
-   *   memory, but rounding differs from MLX's bf16 kernel in a few outputs, so tokens can differ
-   *   from mlx-lm's.
+   * - `'all'`: bf16 and f16 matrices too, and quantized matrices keep their packed weights with
+   *   scales and biases in f32 (MLX's CPU kernel for half-precision scales and activations is
+   *   7–35× slower than its f32 one). Several times faster on the CPU backend (dense matrices at
+   *   twice their memory, quantized ones at one more bit per weight), but rounding differs from
+   *   MLX's half-precision kernels, so tokens can differ from mlx-lm's (`mlx-bun eval kl
+   *   --f32-matmuls all` measures what it costs).
    * - `'none'`: every matrix as stored.
    * Another value rejects with `INVALID_OPTION`.
    */

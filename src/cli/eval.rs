@@ -13,10 +13,13 @@ use crate::eval::dump::{self, Dump, DumpWriter, Manifest};
 use crate::cache::KvQuantOptions;
 use crate::eval::forward::{self, Pass};
 use crate::eval::metrics::{KlSummary, Perplexity};
+use crate::model::weights::F32Matmuls;
 use crate::model::{create_model, open_config, open_source, LanguageModel};
 use crate::progress::Progress;
 use crate::sample::validate_prompt;
 use crate::tokenizer::load_tokenizer;
+
+use super::F32MatmulsArg;
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -40,6 +43,9 @@ enum EvalCommand {
         window: Window,
         #[command(flatten)]
         kv: KvFlags,
+        /// Which weight matrices are held in f32 for matmuls (what `all` costs is its KL).
+        #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
+        f32_matmuls: F32MatmulsArg,
         /// Print one JSON object instead of the text report.
         #[arg(long)]
         json: bool,
@@ -64,6 +70,9 @@ enum EvalCommand {
         chunk: u32,
         #[command(flatten)]
         kv: KvFlags,
+        /// Which weight matrices are held in f32 for matmuls (what `all` costs is its KL).
+        #[arg(long, value_enum, default_value_t = F32MatmulsArg::Auto)]
+        f32_matmuls: F32MatmulsArg,
         /// Print one JSON object instead of the text report.
         #[arg(long)]
         json: bool,
@@ -131,15 +140,24 @@ impl KvFlags {
 
 pub fn eval(a: EvalArgs) -> Result<()> {
     match a.command {
-        EvalCommand::Perplexity { model, text, window, kv, json } => perplexity(&model, &text, &window, kv.options()?, json),
-        EvalCommand::Kl { candidate, reference_logits, n, chunk, kv, json } => kl(&candidate, &reference_logits, n, chunk as usize, kv.options()?, json),
+        EvalCommand::Perplexity { model, text, window, kv, f32_matmuls, json } => perplexity(&model, &text, &window, kv.options()?, f32_matmuls.into(), json),
+        EvalCommand::Kl { candidate, reference_logits, n, chunk, kv, f32_matmuls, json } => {
+            kl(&candidate, &reference_logits, n, chunk as usize, kv.options()?, f32_matmuls.into(), json)
+        }
         EvalCommand::Dump { model, text, out, window, n, top_k } => write_dump(&model, &text, &out, &window, n, top_k as usize),
     }
 }
 
 /// Loads `path` on the engine thread and runs `work` on it there, with a bar of `positions`.
-fn on_model<T: Send + 'static>(path: &Path, what: &str, positions: u64, work: impl FnOnce(&dyn LanguageModel, &dyn Fn(u64)) -> Result<T> + Send + 'static) -> Result<T> {
+fn on_model<T: Send + 'static>(
+    path: &Path,
+    f32_matmuls: F32Matmuls,
+    what: &str,
+    positions: u64,
+    work: impl FnOnce(&dyn LanguageModel, &dyn Fn(u64)) -> Result<T> + Send + 'static,
+) -> Result<T> {
     let (weights, config) = open_source(path)?;
+    let weights = weights.with_f32_matmuls(f32_matmuls);
     let bar = Progress::steps(what, positions);
     let ticker = bar.ticker();
     let out = EngineThread::get()
@@ -185,12 +203,12 @@ fn slices(windows: &[Vec<u32>]) -> Vec<&[u32]> {
     windows.iter().map(Vec::as_slice).collect()
 }
 
-fn perplexity(model: &Path, text: &Path, w: &Window, kv: KvQuantOptions, json: bool) -> Result<()> {
+fn perplexity(model: &Path, text: &Path, w: &Window, kv: KvQuantOptions, f32_matmuls: F32Matmuls, json: bool) -> Result<()> {
     let (ctx, chunk) = (w.ctx as usize, w.chunk as usize);
     let Text { tokens, windows, .. } = read_text(model, text, ctx, None)?;
     let count = windows.len();
     let bits = kv.bits;
-    let losses = on_model(model, "perplexity", (count * (ctx - 1)) as u64, move |m, tick| forward::losses(m, &slices(&windows), &Pass::new(m, chunk, &kv)?, tick))?;
+    let losses = on_model(model, f32_matmuls, "perplexity", (count * (ctx - 1)) as u64, move |m, tick| forward::losses(m, &slices(&windows), &Pass::new(m, chunk, &kv)?, tick))?;
     let p = Perplexity::from_losses(&losses);
     if json {
         let out = json!({"model": model, "text": text, "tokens": tokens, "ctx": ctx, "chunk": chunk, "kvBits": bits, "windows": count,
@@ -203,14 +221,14 @@ fn perplexity(model: &Path, text: &Path, w: &Window, kv: KvQuantOptions, json: b
     Ok(())
 }
 
-fn kl(candidate: &Path, dir: &Path, n: Option<u32>, chunk: usize, kv: KvQuantOptions, json: bool) -> Result<()> {
+fn kl(candidate: &Path, dir: &Path, n: Option<u32>, chunk: usize, kv: KvQuantOptions, f32_matmuls: F32Matmuls, json: bool) -> Result<()> {
     let dump = Dump::open(dir)?;
     let vocab = open_config(candidate)?.vocab_size;
     dump.check_vocab(vocab)?;
     let m = dump.manifest.clone();
     let seqs = n.map_or(m.n_seqs, |n| (n as u64).min(m.n_seqs)) as usize;
     let bits = kv.bits;
-    let summary: KlSummary = on_model(candidate, "kl", seqs as u64 * m.positions_per_seq, move |model, tick| {
+    let summary: KlSummary = on_model(candidate, f32_matmuls, "kl", seqs as u64 * m.positions_per_seq, move |model, tick| {
         forward::score(model, &dump, seqs, &Pass::new(model, chunk, &kv)?, tick)
     })?;
     let r = summary.report();
@@ -252,7 +270,7 @@ fn write_dump(model: &Path, text: &Path, out: &Path, w: &Window, n: Option<u32>,
     };
     let writer = DumpWriter::create(out, manifest, &slices(&windows))?;
     let positions = (windows.len() * (ctx - 1)) as u64;
-    let writer = on_model(model, "dump", positions, move |m, tick| {
+    let writer = on_model(model, F32Matmuls::Auto, "dump", positions, move |m, tick| {
         forward::write_dump(m, &slices(&windows), &Pass { chunk, kv: None }, top_k, &writer, tick)?;
         Ok(writer)
     })?;

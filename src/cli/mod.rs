@@ -262,7 +262,8 @@ enum LogFormatArg {
 enum F32MatmulsArg {
     /// Every matrix as stored, as mlx-lm multiplies them (the same as none today).
     Auto,
-    /// Every matrix transposed in f32: faster on the CPU at twice the memory; may change tokens.
+    /// Dense matrices transposed in f32, quantized ones with f32 scales: several times faster on
+    /// the CPU (dense at twice the memory); may change tokens.
     All,
     /// Every matrix as stored.
     None,

@@ -132,9 +132,11 @@ pub enum F32Matmuls {
     Auto,
     /// Every matrix as stored (the same as `Auto` today).
     None,
-    /// Every dense matrix held transposed in f32: several times faster for bf16/f16 on the CPU
-    /// backend, at twice their memory, but BLAS rounds some outputs differently from MLX's bf16
-    /// kernel (and, on some CPUs, from the stored f32 layout), which can change tokens.
+    /// Every dense matrix held transposed in f32, and quantized matrices' half-precision scales
+    /// and biases held in f32: several times faster on the CPU backend (dense bf16/f16 at twice
+    /// their memory; quantized ones 7-35x at one more bit per weight, `layers::QuantWeight`), but
+    /// outputs round differently from MLX's half-precision kernels (and, on some CPUs, from the
+    /// stored f32 layout), which can change tokens.
     All,
 }
 
