@@ -103,7 +103,7 @@ fuzz_target!(|data: &[u8]| {
     let t = template();
     if let Ok(mut caches) = load(&p, &Expected { model: "m1", template: &t, kv_heads: 2, head_dim: 4 }) {
         for c in &mut caches {
-            let _ = c.update_and_fetch(kv(9.0), kv(9.0)).and_then(|(k, _)| Ok(k.eval()?));
+            let _ = c.update_and_fetch(kv(9.0), kv(9.0)).and_then(|(k, _)| Ok(mlx_rs::transforms::eval(k.parts())?));
         }
     }
 });
