@@ -148,6 +148,11 @@ export class Model {
   logits(prompt: ArrayLike<number>): Promise<Float32Array>
   /** A KV cache of this model for the caller to keep between generations (the `cache` option). */
   makeCache(): KvCache
+  /**
+   * mlx-bun's `embedPooled`, over token ids: each row's last hidden state after the final norm,
+   * L2-normalised (one padded forward per batch of rows, on the engine thread).
+   */
+  embedPooled(rows: ArrayLike<number>[]): Promise<Float32Array[]>
   /** Releases the weights once running generations end. Also happens on garbage collection. */
   dispose(): void
 }
@@ -179,6 +184,27 @@ export function saveKvCache(cache: KvCache, path: string): Promise<void>
  * format version, truncated or damaged rejects with `INVALID_CACHE_FILE`; a missing one `IO_ERROR`.
  */
 export function loadKvCache(model: Model, path: string): Promise<KvCache>
+
+export interface EmbedResult {
+  /** L2-normalised; as long as the model's hidden size. */
+  vector: Float32Array
+  /** Ids embedded, the appended end-of-text token included. */
+  tokens: number
+}
+
+/**
+ * mlx-bun's `embedOne`: `text` (in the query format when `instruction` is given), encoded without
+ * special tokens, then the tokenizer's `<|endoftext|>` (151643 in Qwen3's vocabulary; its
+ * end-of-sequence token where it has none); the vector is the last position's hidden state,
+ * L2-normalised. mlx-bun returns it synchronously; here it is a promise (the engine thread runs it).
+ */
+export function embedOne(model: Model, tokenizer: Tokenizer, text: string, instruction?: string | null): Promise<EmbedResult>
+/** `embedOne` of each text, in padded batches (one forward per batch), in the texts' order. */
+export function embedMany(model: Model, tokenizer: Tokenizer, texts: string[], instruction?: string | null): Promise<EmbedResult[]>
+/** Whether `model` can embed: every model this package loads can (mlx-bun: Qwen3 models only). */
+export function isEmbeddingModel(model: unknown): model is Model
+/** `Instruct: ${instruction}\nQuery:${text}`, or `text` alone without an instruction. */
+export function withInstruction(text: string, instruction?: string | null): string
 
 export * from './types/server'
 

@@ -110,6 +110,40 @@ function loadKvCache(model, path) {
   return wrap(native.loadKvCache)(model, path)
 }
 
+function embedArgs(model, tokenizer, instruction) {
+  if (!(model instanceof native.Model)) throw coded('INVALID_OPTION', 'model: must be a model (createModel, loadModel)')
+  if (!(tokenizer instanceof native.Tokenizer)) throw coded('INVALID_OPTION', 'tokenizer: must be a tokenizer (loadTokenizer)')
+  if (instruction !== undefined && instruction !== null && typeof instruction !== 'string') throw coded('INVALID_OPTION', 'instruction: must be a string')
+}
+
+/**
+ * mlx-bun's `embedMany(model, tokenizer, texts, instruction?)`: one `{ vector, tokens }` per text
+ * (the last hidden state at an appended end-of-text token, L2-normalised), computed in padded
+ * batches on the engine thread.
+ */
+function embedMany(model, tokenizer, texts, instruction) {
+  embedArgs(model, tokenizer, instruction)
+  if (!Array.isArray(texts) || texts.some((t) => typeof t !== 'string')) throw coded('INVALID_OPTION', 'texts: must be an array of strings')
+  return wrap(native.embedNative)(model, tokenizer, texts, instruction ?? null)
+}
+
+/** mlx-bun's `embedOne(model, tokenizer, text, instruction?)`: `embedMany` of one text. */
+function embedOne(model, tokenizer, text, instruction) {
+  embedArgs(model, tokenizer, instruction)
+  if (typeof text !== 'string') throw coded('INVALID_OPTION', 'text: must be a string')
+  return wrap(native.embedNative)(model, tokenizer, [text], instruction ?? null).then((r) => r[0])
+}
+
+/** mlx-bun's `withInstruction(text, instruction?)`: Qwen3-Embedding's query format. */
+function withInstruction(text, instruction) {
+  if (typeof text !== 'string') throw coded('INVALID_OPTION', 'text: must be a string')
+  if (instruction !== undefined && instruction !== null && typeof instruction !== 'string') throw coded('INVALID_OPTION', 'instruction: must be a string')
+  return native.withInstructionNative(text, instruction ?? null)
+}
+
+/** Every model this package loads pools its last hidden state (mlx-bun: Qwen3 models only). */
+const isEmbeddingModel = (model) => model instanceof native.Model
+
 /**
  * `loadContext(dir, id?, options?)`: a model to serve. Returns at once; the weights load on the
  * engine thread (`ctx.ready`), and requests wait behind the load.
@@ -185,6 +219,10 @@ module.exports = {
   resolveExecution,
   saveKvCache,
   loadKvCache,
+  embedOne,
+  embedMany,
+  isEmbeddingModel,
+  withInstruction,
   loadContext,
   createServer,
   Weights,

@@ -13,7 +13,7 @@ const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
-const { ROOT, fixture, tmpdir } = require('./helpers')
+const { ROOT, fixture, tmpdir, cosine } = require('./helpers')
 
 const GGUF = 'home/models/SmolLM2-135M-Instruct.Q4_1.gguf'
 const MODEL = 'smollm2-f32'
@@ -157,6 +157,22 @@ describe('mlx-bun chat and generate on SmolLM2 (real weights)', () => {
   })
 })
 
+test('embed: one JSON line per text, the vectors embedMany gives', async () => {
+  const texts = ['The quick brown fox', 'Where is Paris?']
+  const r = await run(BIN, ['embed', '--model', fixture('smollm2-f32'), '--instruction', 'Find the answer', ...texts])
+  assert.equal(r.code, 0, r.stderr)
+  const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l))
+  const model = await mlx.loadModel(fixture('smollm2-f32'))
+  try {
+    const ours = await mlx.embedMany(model, mlx.loadTokenizer(fixture('smollm2-f32')), texts, 'Find the answer')
+    assert.deepEqual(lines.map((l) => [l.index, l.tokens]), ours.map((o, i) => [i, o.tokens]))
+    lines.forEach((l, i) => assert.ok(cosine(l.embedding, ours[i].vector) >= 0.99999, `text ${i}`))
+  } finally {
+    model.dispose()
+  }
+  assertPlain(r.stderr)
+})
+
 describe('mlx-bun --help', () => {
   // The flags each command must document; a command missing here is still checked below for
   // exit code 0 and a description on every option.
@@ -168,6 +184,7 @@ describe('mlx-bun --help', () => {
     serve: ['--model', '--id', '--host', '--port', '--api-key', '--cors-origin', '--prompt-cache-bytes', '--batch', '--max-queued', '--default-max-tokens', '--log-format', '--chat-template', '--f32-matmuls'],
     convert: ['<MODEL>', '<OUT>', '--dtype', '--q-bits', '--q-group-size'],
     fit: ['<MODEL>', '--ctx', '--kv-bits', '--skus', '--json'],
+    embed: ['[TEXTS]', '--model', '--instruction', '--f32-matmuls'],
   }
   const commands = () => {
     const help = execFileSync(BIN, ['--help'], { encoding: 'utf8' })

@@ -1,6 +1,7 @@
 'use strict'
 // Shared test fixtures. Real-weight fixtures are made by scripts/fixtures.sh (run by
 // scripts/test.sh); a missing fixture fails the test that needs it, loudly, never skips it.
+const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const os = require('node:os')
 const path = require('node:path')
@@ -166,7 +167,6 @@ const range = (a, b) => Array.from({ length: b - a }, (_, i) => a + i)
 
 /** For assert.throws/rejects: an Error with `code` and, if given, a message matching `pattern`. */
 function expectCode(err, code, pattern) {
-  const assert = require('node:assert/strict')
   assert.ok(err instanceof Error, `expected an Error, got ${err}`)
   assert.equal(err.code, code, `${err.code}: ${err.message}`)
   if (pattern) assert.match(err.message, pattern)
@@ -180,4 +180,16 @@ async function collect(gen) {
   return { tokens, gen }
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, TINY }
+/** The cosine of the angle between two vectors of the same length. */
+function cosine(a, b) {
+  assert.equal(a.length, b.length)
+  let [dot, na, nb] = [0, 0, 0]
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i] * b[i]
+    na += a[i] * a[i]
+    nb += b[i] * b[i]
+  }
+  return dot / Math.sqrt(na * nb)
+}
+
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, cosine, TINY }

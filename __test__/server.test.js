@@ -12,7 +12,7 @@ const path = require('node:path')
 const { default: OpenAI, APIUserAbortError } = require('openai')
 const { default: Anthropic } = require('@anthropic-ai/sdk')
 const mlx = require('..')
-const { ROOT, fixture, tmpdir } = require('./helpers')
+const { ROOT, fixture, tmpdir, cosine } = require('./helpers')
 
 const MODEL = 'smollm2-f32'
 const QUESTION = [{ role: 'user', content: 'What is the capital of France?' }]
@@ -306,6 +306,31 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
     const ok = await openai.chat.completions.create({ model: MODEL, messages: QUESTION, max_tokens: 2, temperature: 0 })
     assert.equal(ok.choices.length, 1)
     assert.match(server.log(), /"path":"\/v1\/chat\/completions","status":200,"prompt_tokens":\d+,"cached_tokens":\d+,"generated_tokens":2/)
+  })
+
+  test('embeddings: the openai client (base64 on the wire by default, or float) gets embedMany\'s vectors', async () => {
+    const texts = ['The quick brown fox jumps over the lazy dog.', 'Paris is the capital of France.']
+    const ours = await mlx.embedMany(model, tok, texts)
+    const close = (got, want, what) => assert.ok(cosine(got, want) >= 0.99999, `${what}: cosine ${cosine(got, want)}`)
+    for (const encoding_format of [undefined, 'float']) {
+      const r = await openai.embeddings.create({ model: MODEL, input: texts, ...(encoding_format && { encoding_format }) })
+      assert.equal(r.model, MODEL)
+      assert.deepEqual(r.data.map((d) => d.index), [0, 1])
+      r.data.forEach((d, i) => close(d.embedding, ours[i].vector, `${encoding_format ?? 'base64'} ${i}`))
+      assert.deepEqual(r.usage, { prompt_tokens: ours[0].tokens + ours[1].tokens, total_tokens: ours[0].tokens + ours[1].tokens })
+    }
+    // Token ids are the text's: the end-of-text token is appended to them too.
+    const byIds = await openai.embeddings.create({ model: MODEL, input: Array.from(tok.encode(texts[1], false)), encoding_format: 'float' })
+    close(byIds.data[0].embedding, ours[1].vector, 'token ids')
+    // `dimensions`: the first components, normalised again.
+    const short = await openai.embeddings.create({ model: MODEL, input: texts[0], dimensions: 64, encoding_format: 'float' })
+    assert.equal(short.data[0].embedding.length, 64)
+    close(short.data[0].embedding, ours[0].vector.slice(0, 64), 'dimensions 64')
+    assert.ok(Math.abs(Math.hypot(...short.data[0].embedding) - 1) < 1e-5)
+    for (const bad of [{ dimensions: 0 }, { dimensions: 100000 }, { input: [] }, { encoding_format: 'int8' }, { instruction: 'x' }]) {
+      await assert.rejects(openai.embeddings.create({ model: MODEL, input: 'x', ...bad }), (e) => e.status === 400, JSON.stringify(bad))
+    }
+    await assert.rejects(openai.embeddings.create({ model: 'gpt-4', input: 'x' }), (e) => e.status === 404)
   })
 
   test('health and models', async () => {

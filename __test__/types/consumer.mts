@@ -19,9 +19,12 @@ import mlxDefault, {
   createServer,
   defaultModelPath,
   downloadModel,
+  embedMany,
+  embedOne,
   ensureNativeRuntime,
   fit,
   generate,
+  isEmbeddingModel,
   loadContext,
   loadKvCache,
   loadModel,
@@ -36,8 +39,9 @@ import mlxDefault, {
   skuMatrix,
   testing,
   thisMachine,
+  withInstruction,
 } from 'mlx-bun'
-import type { ErrorCode, FitReport, GenerateStats, GenerationOutcome, MachineSpec, ModelConfigInfo, ModelRecord, NativeRuntime, SkuRow, TextConfig } from 'mlx-bun'
+import type { EmbedResult, ErrorCode, FitReport, GenerateStats, GenerationOutcome, MachineSpec, ModelConfigInfo, ModelRecord, NativeRuntime, SkuRow, TextConfig } from 'mlx-bun'
 
 export async function app(dir: string): Promise<string> {
   const runtime: NativeRuntime = await ensureNativeRuntime()
@@ -78,6 +82,11 @@ export async function app(dir: string): Promise<string> {
   await server.close()
 
   const logits: Float32Array = await alsoAwaited.logits([1, 2, 3])
+  const query: EmbedResult = await embedOne(model, tokenizer, 'Where is Paris?', 'Find the answer')
+  const docs: EmbedResult[] = await embedMany(model, tokenizer, ['Paris is in France.'])
+  const pooled: Float32Array[] = await model.embedPooled([ids, [1, 2, 3]])
+  const formatted: string = withInstruction('Where is Paris?', 'Find the answer')
+  const canEmbed: boolean = isEmbeddingModel(model) && query.vector.length === docs[0].vector.length && query.tokens > 0 && pooled.length === 2 && formatted.length > 0
   const placed = resolveExecution(
     { hasVision: false, hasAdapters: false, hasRepetitionPenalty: false, userSeed: false, kvQuant: false, turboQuant: false, hasLogitsExtras: false, hasGrammar: false, wantsLogprobs: false, hasDraft: false },
     engine.capabilities,
@@ -109,5 +118,5 @@ export async function app(dir: string): Promise<string> {
   model.dispose()
   weights.dispose()
   const same: boolean = mlxDefault.generate === generate
-  return [runtime.backend, where, layers, thinking, out, stats?.decodeTps, outcome.status, placed.mechanism, logits.length, converted, code, defaultModelPath(), same, found, chosen.path, snapshot, safe].join(' ')
+  return [runtime.backend, where, layers, thinking, out, stats?.decodeTps, outcome.status, placed.mechanism, logits.length, converted, code, defaultModelPath(), same, found, chosen.path, snapshot, safe, canEmbed].join(' ')
 }

@@ -3,6 +3,7 @@
 //! the addon's `runCli`).
 mod bench;
 mod chat;
+mod embed;
 mod eval;
 mod fit;
 mod hub;
@@ -88,6 +89,12 @@ enum Command {
     /// $MLX_BUN_HOME/chat_history); type /help there for its commands. Replies stream to stdout,
     /// each turn's stats go to stderr. Piped input is read line by line, one message a line.
     Chat(chat::ChatArgs),
+    /// Embed texts: one JSON line per text, {index, tokens, embedding}.
+    ///
+    /// mlx-bun's `embedMany`: each text (in Qwen3-Embedding's query format with --instruction)
+    /// with an end-of-text token appended; the vector is that token's last hidden state,
+    /// L2-normalised. Texts come from the arguments, or one per line of stdin.
+    Embed(embed::EmbedArgs),
     /// List the models on disk: the Hugging Face cache and $MLX_BUN_HOME/models.
     Ls(hub::LsArgs),
     /// Download a model from the Hugging Face hub into its cache (resumable, verified).
@@ -341,6 +348,7 @@ fn execute(cmd: Command) -> Result<()> {
             generate(&model, &prompt, chat, json, opts, f32_matmuls.into())
         }
         Command::Chat(args) => chat::chat(args),
+        Command::Embed(args) => embed::embed(args),
         Command::Ls(args) => hub::ls(args),
         Command::Get(args) => hub::get(args),
         Command::Fit(args) => fit::fit(args),

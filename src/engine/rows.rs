@@ -206,7 +206,7 @@ fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>])
     let chosen: Vec<&Feed> = fed.iter().map(|&i| feeds[i].as_ref().expect("fed")).collect();
     let want = chosen.iter().map(|f| f.logits).max_by_key(|l| match l {
         Logits::None => 0,
-        Logits::Last => 1,
+        Logits::Last | Logits::LastHidden => 1,
         Logits::All => 2,
     });
     let want = want.expect("one row at least");
@@ -248,9 +248,10 @@ fn forward(rows: &mut [(&mut dyn Row, &mut Output<'_>)], feeds: &[Option<Feed>])
         let row = out.index(k as i32);
         logits[i] = Some(match (feed.logits, want) {
             (Logits::None, _) => continue,
-            (Logits::Last, Logits::Last) => row.reshape(&[1, -1])?,
-            (Logits::Last, _) => row.index(columns - 1..columns),
             (Logits::All, _) => row.index(columns - feed.count as i32..columns),
+            // A last column: the whole output when every row asked for one.
+            (mine, all) if mine == all => row.reshape(&[1, -1])?,
+            _ => row.index(columns - 1..columns),
         });
     }
     Ok(logits)

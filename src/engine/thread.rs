@@ -20,20 +20,18 @@ use super::admission::Admission;
 use super::group::Group;
 use super::models::{lookup, ModelId, ModelSlot, Models};
 use super::request::MethodSpec;
-use super::rows;
+use super::prompt_tasks::{PromptEmbeddings, PromptLogits};
 use super::scheduler::{Clock, Scheduler, Tick};
 use super::session::Session;
 use super::tasks::ExecutionTasks;
 use super::caller_cache::{self, CacheLease, CallerCaches};
-use crate::cache::{CacheView, PrefixCache};
+use crate::cache::PrefixCache;
 use crate::error::{catch_panic, Error, Result};
 use crate::mlx::backend::synchronize;
-use crate::mlx::{gate, host};
+use crate::mlx::gate;
 use crate::model::config::ModelConfig;
 use crate::model::weights::Weights;
-use crate::cache::LayerCache;
-use crate::model::{create_model, Logits, StepContext, Tokens};
-use crate::sample::{validate_prompt, GenerateOptions};
+use crate::model::create_model;
 use crate::tokenizer;
 
 /// Produces a model's weights on the engine thread (a GGUF file is converted there).
@@ -58,6 +56,11 @@ enum Command {
         model: ModelId,
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Vec<f32>>>,
+    },
+    Embed {
+        model: ModelId,
+        rows: Vec<Vec<u32>>,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
     },
     /// A caller cache was disposed: its layers go.
     DropCache(u64),
@@ -184,6 +187,30 @@ impl EngineThread {
             prompt,
             reply,
         }) {
+            let (tx, rx2) = oneshot::channel();
+            let _ = tx.send(Err(e));
+            return rx2;
+        }
+        rx
+    }
+
+    /// mlx-bun's `embedMany`: each text's ids (`Tokenizer::embedding_input`) and the receiver of
+    /// their embeddings.
+    pub fn embed_texts(&self, model: ModelId, tokenizer: &tokenizer::Tokenizer, texts: &[String], instruction: Option<&str>) -> Result<(Vec<usize>, oneshot::Receiver<Result<Vec<Vec<f32>>>>)> {
+        let rows = texts.iter().map(|t| tokenizer.embedding_input(t, instruction)).collect::<Result<Vec<_>>>()?;
+        Ok(self.embed_rows(model, rows))
+    }
+
+    /// `embed` of rows of ids, with their lengths.
+    pub fn embed_rows(&self, model: ModelId, rows: Vec<Vec<u32>>) -> (Vec<usize>, oneshot::Receiver<Result<Vec<Vec<f32>>>>) {
+        let counts = rows.iter().map(Vec::len).collect();
+        (counts, self.embed(model, rows))
+    }
+
+    /// Each row's embedding: its last hidden state, L2-normalised (padded batches, in steps).
+    pub fn embed(&self, model: ModelId, rows: Vec<Vec<u32>>) -> oneshot::Receiver<Result<Vec<Vec<f32>>>> {
+        let (reply, rx) = oneshot::channel();
+        if let Err(e) = self.send(Command::Embed { model, rows, reply }) {
             let (tx, rx2) = oneshot::channel();
             let _ = tx.send(Err(e));
             return rx2;
@@ -454,6 +481,10 @@ impl EngineLoop {
                 let mut logits = PromptLogits { models: self.models.clone(), model, prompt, done: 0, caches: None };
                 system.tasks.enqueue_steps(move || logits.step(), reply);
             }
+            Command::Embed { model, rows, reply } => {
+                let mut embeddings = PromptEmbeddings::new(self.models.clone(), model, rows);
+                system.tasks.enqueue_steps(move || embeddings.step(), reply);
+            }
             Command::Run(enqueue) => enqueue(&mut system.tasks),
         }
     }
@@ -468,44 +499,6 @@ fn warm_up() {
         let _ = a.add(&a).and_then(|b| b.eval());
         gate::close_at_process_exit();
     });
-}
-
-/// `Model.logits`: the last position's logits of a prompt on a fresh cache, prefilled one chunk
-/// per turn of the engine thread (mlx-lm's 2048 tokens, as a generation's prefill), so sessions
-/// and other tasks go on between chunks. A prompt of one chunk is one forward, as before.
-struct PromptLogits {
-    models: Models,
-    model: ModelId,
-    prompt: Vec<u32>,
-    done: usize,
-    caches: Option<Vec<LayerCache>>,
-}
-
-impl PromptLogits {
-    fn step(&mut self) -> Result<Option<Vec<f32>>> {
-        let model = lookup(&self.models, self.model)?;
-        let caches = match &mut self.caches {
-            Some(c) => c,
-            None => {
-                validate_prompt(&self.prompt, model.config().vocab_size)?;
-                self.caches.insert(model.new_cache())
-            }
-        };
-        let end = (self.done + GenerateOptions::default().prefill_chunk_size as usize).min(self.prompt.len());
-        let tokens = Tokens::one(&self.prompt[self.done..end]);
-        if end < self.prompt.len() {
-            // Layer by layer, checking for an exit or a fork between them, as a prefill does.
-            let check = rows::between_parts;
-            model.forward(&tokens, CacheView::Rows(&mut [caches]), &StepContext { logits: Logits::None, check: Some(&check) })?;
-            mlx_rs::memory::clear_cache()?;
-            self.done = end;
-            return Ok(None);
-        }
-        let logits = model
-            .forward(&tokens, CacheView::Rows(&mut [caches]), &StepContext::LAST)?
-            .ok_or_else(|| Error::Internal("a forward returned no logits".into()))?;
-        host::to_f32_vec(&logits).map(Some)
-    }
 }
 
 #[cfg(test)]

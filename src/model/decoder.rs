@@ -208,10 +208,13 @@ impl LanguageModel for Decoder {
                 eval(cache.state())?;
                 return Ok(None);
             }
-            Logits::Last => h.index((.., -1.., ..)),
+            Logits::Last | Logits::LastHidden => h.index((.., -1.., ..)),
             Logits::All => h,
         };
         let mut h = self.norm.forward(&h)?;
+        if ctx.logits == Logits::LastHidden {
+            return Ok(Some(h));
+        }
         if let OutputScaling::DivideHidden(s) = self.output_scaling {
             h = ops::divide(&h, &scalar(s, &h)?)?;
         }

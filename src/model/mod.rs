@@ -89,6 +89,9 @@ pub enum Logits {
     Last,
     /// Every column.
     All,
+    /// Each row's last column as the final norm leaves it, before the output projection: the
+    /// hidden state embeddings pool (mlx-lm's `model.model(inputs)[:, -1]`).
+    LastHidden,
 }
 
 pub struct StepContext<'a> {

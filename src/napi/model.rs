@@ -10,6 +10,7 @@ use napi_derive::napi;
 use serde_json::{json, Value};
 
 use super::convert::prompt_tokens;
+use super::tokenizer::Tokenizer;
 use super::js_error;
 use crate::engine::inference::CacheHandle;
 use crate::engine::{EngineThread, ModelId, WeightsSource};
@@ -263,6 +264,18 @@ impl Model {
         })
     }
 
+    /// Each row's embedding (mlx-bun's `embedPooled`): its last hidden state after the final
+    /// norm, L2-normalised; the rows run as padded batches on the engine thread.
+    #[napi(catch_unwind)]
+    pub fn embed_pooled<'env>(&self, env: &'env Env, rows: Vec<Either<Uint32Array, Vec<f64>>>) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
+        let id = self.live()?;
+        let rows = rows.into_iter().map(prompt_tokens).collect::<crate::error::Result<Vec<_>>>().map_err(js_error)?;
+        env.spawn_future(async move {
+            let v = EngineThread::get().embed(id, rows).await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
+            Ok(v.into_iter().map(Float32Array::new).collect())
+        })
+    }
+
     /// A KV cache of this model the caller keeps between generations (`generate(..., { cache })`).
     #[napi(catch_unwind)]
     pub fn make_cache(&self) -> napi::Result<KvCache> {
@@ -325,4 +338,32 @@ pub fn save_kv_cache<'env>(env: &'env Env, cache: &KvCache, path: String) -> nap
 pub fn load_kv_cache<'env>(env: &'env Env, model: &Model, path: String) -> napi::Result<PromiseRaw<'env, KvCache>> {
     let loaded = CacheHandle::load(model.live()?, PathBuf::from(path));
     env.spawn_future(async move { Ok(KvCache { inner: loaded.await.map_err(js_error)? }) })
+}
+
+/// One text's embedding (mlx-bun's `EmbedResult`).
+#[napi(object)]
+pub struct EmbedResult {
+    /// L2-normalised; as long as the model's hidden size.
+    pub vector: Float32Array,
+    /// Ids embedded, the pooled end-of-text token included.
+    pub tokens: u32,
+}
+
+/// `embedMany(model, tokenizer, texts, instruction?)`: the texts are tokenized off the JS thread,
+/// then embedded in padded batches on the engine thread.
+#[napi(catch_unwind)]
+pub fn embed_native<'env>(env: &'env Env, model: &Model, tokenizer: &Tokenizer, texts: Vec<String>, instruction: Option<String>) -> napi::Result<PromiseRaw<'env, Vec<EmbedResult>>> {
+    let id = model.live()?;
+    let tokenizer = tokenizer.core().clone();
+    env.spawn_future(async move {
+        let (counts, vectors) = EngineThread::get().embed_texts(id, &tokenizer, &texts, instruction.as_deref()).map_err(js_error)?;
+        let vectors = vectors.await.map_err(|_| js_error(Error::EngineDead))?.map_err(js_error)?;
+        Ok(vectors.into_iter().zip(counts).map(|(v, n)| EmbedResult { vector: Float32Array::new(v), tokens: n as u32 }).collect())
+    })
+}
+
+/// mlx-bun's `withInstruction(text, instruction?)`.
+#[napi(catch_unwind)]
+pub fn with_instruction_native(text: String, instruction: Option<String>) -> String {
+    crate::tokenizer::with_instruction(&text, instruction.as_deref())
 }

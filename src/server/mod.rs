@@ -8,6 +8,7 @@ mod app;
 mod body;
 mod channels;
 mod context;
+mod embeddings;
 mod error;
 mod fit;
 mod generation;
@@ -119,6 +120,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{id}", get(openai::model))
         .route("/health", get(health))

@@ -181,6 +181,32 @@ impl Tokenizer {
     pub fn eos_token(&self) -> Option<String> {
         self.eos_token.clone()
     }
+
+    /// The ids an embedding pools (mlx-bun's `embedOne`): the text, with its instruction, encoded
+    /// without special tokens, then the end-of-text token whose last hidden state is the vector
+    /// (`<|endoftext|>`, 151643 in Qwen3-Embedding's vocabulary; a vocabulary without it ends
+    /// with its end-of-sequence token).
+    pub fn embedding_input(&self, text: &str, instruction: Option<&str>) -> Result<Vec<u32>> {
+        let mut ids = self.encode(&with_instruction(text, instruction), false)?;
+        ids.push(self.end_of_text_id()?);
+        Ok(ids)
+    }
+
+    /// The token an embedding is pooled at.
+    pub fn end_of_text_id(&self) -> Result<u32> {
+        self.token_to_id("<|endoftext|>")
+            .or_else(|| self.eos_ids.first().copied())
+            .ok_or_else(|| Error::Tokenizer("the tokenizer has no <|endoftext|> or end-of-sequence token to pool an embedding at".into()))
+    }
+}
+
+/// mlx-bun's `withInstruction`: Qwen3-Embedding's query format. Only queries carry a task
+/// instruction; documents go in as they are (as does an empty instruction).
+pub fn with_instruction(text: &str, instruction: Option<&str>) -> String {
+    match instruction.filter(|i| !i.is_empty()) {
+        Some(i) => format!("Instruct: {i}\nQuery:{text}"),
+        None => text.to_string(),
+    }
 }
 
 /// Summarized: the derived form would print the whole vocabulary.
