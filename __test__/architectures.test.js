@@ -2,7 +2,8 @@
 // Parity with Python mlx-lm 0.32.2 on tiny random-weight models of every architecture we support
 // (llama, llama with Llama 3 RoPE, mistral all-sliding and mixed, qwen2, qwen3, gemma3_text, phi3,
 // phi3 with partial rotary + su RoPE, gemma, gemma2 with both soft-caps, smollm3 with NoPE and
-// sliding layers, olmo2, glm4, granite with its multipliers, starcoder2, minicpm), each as an f32
+// sliding layers, olmo2, glm4, granite with its multipliers, starcoder2, minicpm, qwen3_moe with
+// dense and expert layers), each as an f32
 // folder and an MLX 4-bit g32 copy. Folders and references are made by scripts/tiny_models.py
 // into <fixtures>/tiny.
 const { test, describe } = require('node:test')
@@ -45,7 +46,7 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
@@ -64,6 +65,12 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
           assertTokens(await greedy(model, p.ids), p.tokens, what)
           if (p.tokens_chunk8) {
             assertTokens(await greedy(model, p.ids, { prefillChunkSize: 8 }), p.tokens_chunk8, `${what}, prefillChunkSize 8`)
+          }
+          if (p.experts_reached && p.ids.length > 20) {
+            // The long prompt reaches every expert of every expert layer in mlx-lm, so logits
+            // within 1e-4 of mlx-lm's (below) mean every expert and its routing is exercised.
+            const all = Array.from({ length: model.config.raw.num_experts }, (_, e) => e)
+            for (const reached of p.experts_reached) assert.deepEqual(reached, all, `${what}: experts mlx-lm routes to`)
           }
           if (!m.quantized) {
             assert.ok(Array.isArray(p.last_logits), `${what}: f32 reference has no last_logits`)

@@ -19,7 +19,8 @@ OUT_DIR/ref-tiny.json:
       {"name", "model_type", "path" (relative to OUT_DIR), "quantized", "seed", "min_gap",
        "note" (what had to be worked around, or null),
        "prompts": [{"ids", "tokens", "tokens_chunk8" (long prompt only),
-                    "last_logits" (f32 folders only, else null)}]}]}
+                    "last_logits" (f32 folders only, else null),
+                    "experts_reached" (f32 folders of mixture-of-experts models)}]}]}
   tokens        mlx_lm.generate.generate_step(mx.array(ids), model, max_tokens=64,
                 sampler=argmax) -- prefill of ids[:-1] with the default prefill_step_size (2048);
                 EOS never stops it
@@ -163,6 +164,15 @@ ARCHS = [
         "norm_epsilon": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
     }),
+    # 6 experts, top 2, in layers 1 and 2 (decoder_sparse_step 1, layer 0 dense by
+    # mlp_only_layers): dense and expert layers, renormalised top-k scores, untied output.
+    ("qwen3_moe", 1800, {
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 3,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+        "head_dim": 32, "rms_norm_eps": 1e-6, "num_experts": 6, "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1, "mlp_only_layers": [0], "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    }),
     # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
     # model does not have).
     ("minicpm", 1700, {
@@ -173,12 +183,36 @@ ARCHS = [
 ]
 
 NOTES = {
+    "qwen3_moe": "mlx-lm 0.32.2's QuantizedSwitchLinear passes global_scale=None to mx.gather_qmm, "
+    "which mlx 0.32.2 does not take; the 4-bit reference runs its call without that argument "
+    "(quantized_experts_fix)",
     "mistral": "mlx-lm 0.32.2 llama.py raises ValueError when no layer is full_attention "
     "(LlamaModel.__init__: layer_types.index('full_attention')); the reference model is built "
     "with the last layer full and then every layer switched to sliding (use_sliding=True, "
     "swa_idx=0), which is what llama.py would do if it allowed it; make_cache then gives every "
     "layer a RotatingKVCache(16)",
 }
+
+
+def quantized_experts_fix():
+    """mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=None` to mx.gather_qmm, which
+    mlx 0.32.2 (the version mlx-c 0.7.0 pins) does not take: every quantized mixture-of-experts
+    model fails there. With no global scale (affine mode) the call is the same without it."""
+    from mlx_lm.models import switch_layers
+
+    if "global_scale" in (mx.gather_qmm.__doc__ or ""):
+        return
+
+    def call(self, x, indices, sorted_indices=False):
+        assert self.global_scale is None
+        x = mx.gather_qmm(x, self["weight"], self["scales"], self.get("biases"), rhs_indices=indices,
+                          transpose=True, group_size=self.group_size, bits=self.bits, mode=self.mode,
+                          sorted_indices=sorted_indices)
+        if "bias" in self:
+            x = x + mx.expand_dims(self["bias"][indices], -2)
+        return x
+
+    switch_layers.QuantizedSwitchLinear.__call__ = call
 
 
 def prompts():
@@ -275,6 +309,29 @@ def greedy(model, ids, prefill_step_size=2048):
     return tokens, min(gaps)
 
 
+def experts_reached(model, ids):
+    """Per mixture-of-experts layer, the experts mlx-lm's router picks for any token of `ids` in
+    one forward (None for a dense model): the block's own routing, recomputed beside it."""
+    blocks = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "switch_mlp")]
+    if not blocks:
+        return None
+    seen, cls = [], type(blocks[0])
+    original = cls.__call__
+
+    def spy(self, x):
+        gates = mx.softmax(self.gate(x), axis=-1, precise=True)
+        inds = mx.argpartition(gates, kth=-self.top_k, axis=-1)[..., -self.top_k:]
+        seen.append(sorted(set(int(i) for i in np.array(inds).flatten())))
+        return original(self, x)
+
+    cls.__call__ = spy
+    try:
+        mx.eval(model(mx.array(ids)[None]))
+    finally:
+        cls.__call__ = original
+    return seen
+
+
 def references(model, with_logits):
     short, long = prompts()
     out, gap, distinct = [], float("inf"), MAX_TOKENS
@@ -288,6 +345,7 @@ def references(model, with_logits):
         if with_logits:
             logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
             r["last_logits"] = [float(x) for x in np.array(logits)]
+            r["experts_reached"] = experts_reached(model, ids)
         else:
             r["last_logits"] = None
         out.append(r)
@@ -343,6 +401,7 @@ def main(argv):
     if "libopenblas" not in os.environ.get("LD_PRELOAD", ""):
         print("[tiny_models] WARNING: LD_PRELOAD has no OpenBLAS; mlx-lm may use another BLAS than the addon",
               file=sys.stderr)
+    quantized_experts_fix()
     t0 = time.perf_counter()
     models = []
     only = set(os.environ.get("TINY_ONLY", "").split(",")) - {""}

@@ -366,7 +366,8 @@ fn expert_bytes(path: &Path) -> Option<u64> {
     Some(
         header
             .iter()
-            .filter(|(name, _)| name.contains(".experts."))
+            // Hugging Face's per-expert tensors, or mlx-lm's stacked `switch_mlp` ones.
+            .filter(|(name, _)| name.contains(".experts.") || name.contains(".switch_mlp."))
             .filter_map(|(_, t)| {
                 let o = t.get("data_offsets")?;
                 Some(o.get(1)?.as_u64()?.saturating_sub(o.get(0)?.as_u64()?))

@@ -1,6 +1,6 @@
 //! Building blocks beyond the Llama family's, for the architectures that need them: the choice
 //! of norm (RMSNorm, or LayerNorm with a bias as in StarCoder 2), the plain GELU feed-forward
-//! network, exact GELU (Gemma), tanh soft-capping, and attention over soft-capped scores
+//! network, the mixture-of-experts one (`experts.rs`), exact GELU (Gemma), tanh soft-capping, and attention over soft-capped scores
 //! (Gemma 2).
 use mlx_rs::error::Exception;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
@@ -8,6 +8,7 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array};
 
 use super::config::ModelConfig;
+use super::experts::SparseMoe;
 use super::layers::{scalar, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
 use crate::cache::causal_mask;
@@ -59,6 +60,8 @@ pub enum FeedForward {
     Gated(Mlp),
     /// StarCoder 2's `c_proj(gelu(c_fc(x)))`, with biases.
     Plain { fc: Linear, proj: Linear },
+    /// Each token's top-k of many gated MLPs (Qwen3-MoE).
+    Experts(Box<SparseMoe>),
 }
 
 impl FeedForward {
@@ -75,6 +78,7 @@ impl FeedForward {
         match self {
             FeedForward::Gated(mlp) => mlp.forward(x),
             FeedForward::Plain { fc, proj } => proj.forward(&gelu(&fc.forward(x)?)?),
+            FeedForward::Experts(moe) => moe.forward(x),
         }
     }
 }

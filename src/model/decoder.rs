@@ -34,13 +34,19 @@ impl Block {
     /// Layer `i` of the common pre-norm layout: `input_layernorm` → attention,
     /// `post_attention_layernorm` → SwiGLU MLP (`fused_mlp`: one `gate_up_proj`).
     pub fn pre_norm(w: &Weights, cfg: &ModelConfig, i: usize, spec: AttentionSpec, fused_mlp: bool, sliding: bool) -> Result<Block> {
+        let mlp = Mlp::load(w, cfg, &format!("model.layers.{i}.mlp"), Activation::Silu, fused_mlp)?.into();
+        Self::pre_norm_with(w, cfg, i, spec, mlp, sliding)
+    }
+
+    /// The pre-norm layout around another feed-forward network (a mixture of experts).
+    pub fn pre_norm_with(w: &Weights, cfg: &ModelConfig, i: usize, spec: AttentionSpec, mlp: FeedForward, sliding: bool) -> Result<Block> {
         let (p, d, eps) = (format!("model.layers.{i}"), cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Block {
             input_norm: Some(RmsNorm::load(w, &format!("{p}.input_layernorm"), d, eps)?.into()),
             attn: Attention::load(w, cfg, &format!("{p}.self_attn"), spec)?,
             post_attn_norm: None,
             pre_mlp_norm: Some(RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), d, eps)?.into()),
-            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), Activation::Silu, fused_mlp)?.into(),
+            mlp,
             post_mlp_norm: None,
             residual_scale: None,
             sliding,

@@ -554,7 +554,7 @@ impl Mlp {
 }
 
 /// mlx-lm's compiled `swiglu`: silu(gate) · x in one fused kernel.
-fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+pub(super) fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     let f = |(g, x): (&Array, &Array)| -> std::result::Result<Array, Exception> { g.multiply(ops::sigmoid(g)?)?.multiply(x) };
     Ok(compile(f, true)((gate, x))?)
 }

@@ -4,6 +4,7 @@ pub mod blocks;
 pub mod config;
 pub mod convert;
 pub mod decoder;
+pub mod experts;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3_text;
@@ -21,6 +22,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod rope;
 pub mod smollm3;
 pub mod starcoder2;
@@ -127,6 +129,7 @@ fn all_full(config: &ModelConfig) -> Result<Sliding> {
 const LLAMA: Arch = Arch { load: llama::load, sliding: llama::sliding };
 const QWEN2: Arch = Arch { load: qwen2::load, sliding: all_full };
 const QWEN3: Arch = Arch { load: qwen3::load, sliding: all_full };
+const QWEN3_MOE: Arch = Arch { load: qwen3_moe::load, sliding: all_full };
 const GEMMA3: Arch = Arch { load: gemma3_text::load, sliding: gemma3_text::sliding };
 const PHI3: Arch = Arch { load: phi3::load, sliding: all_full };
 const GEMMA: Arch = Arch { load: gemma::load, sliding: all_full };
@@ -144,6 +147,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
         "llama" | "mistral" => Some(&LLAMA),
         "qwen2" => Some(&QWEN2),
         "qwen3" => Some(&QWEN3),
+        "qwen3_moe" => Some(&QWEN3_MOE),
         "gemma3_text" => Some(&GEMMA3),
         "phi3" => Some(&PHI3),
         "gemma" => Some(&GEMMA),
@@ -162,6 +166,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
                 "LlamaForCausalLM" | "MistralForCausalLM" => Some(&LLAMA),
                 "Qwen2ForCausalLM" => Some(&QWEN2),
                 "Qwen3ForCausalLM" => Some(&QWEN3),
+                "Qwen3MoeForCausalLM" => Some(&QWEN3_MOE),
                 "Gemma3ForCausalLM" => Some(&GEMMA3),
                 "Phi3ForCausalLM" => Some(&PHI3),
                 "GemmaForCausalLM" => Some(&GEMMA),

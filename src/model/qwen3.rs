@@ -8,22 +8,22 @@ use super::weights::Weights;
 use crate::error::Result;
 
 pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
-    let hd = cfg.head_dim;
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|i| {
-            let spec = AttentionSpec {
-                head_dim: hd,
-                qkv_bias: false,
-                o_bias: false,
-                fused_qkv: false,
-                qk_norm: Some(NormKind::Plain),
-                scale: (hd as f32).powf(-0.5),
-                rope: Rope::new(&cfg, hd, None)?,
-                softcap: None,
-            };
-            Block::pre_norm(w, &cfg, i, spec, false, false)
-        })
-        .collect::<Result<_>>()?;
+    let layers = (0..cfg.num_hidden_layers).map(|i| Block::pre_norm(w, &cfg, i, attention(&cfg)?, false, false)).collect::<Result<_>>()?;
     let tied = cfg.tie_word_embeddings.unwrap_or(true);
     Decoder::assemble(w, cfg, layers, tied, 0)
+}
+
+/// Qwen3's attention (Qwen3-MoE's too): per-head RMSNorm of q and k, explicit head_dim.
+pub fn attention(cfg: &ModelConfig) -> Result<AttentionSpec> {
+    let hd = cfg.head_dim;
+    Ok(AttentionSpec {
+        head_dim: hd,
+        qkv_bias: false,
+        o_bias: false,
+        fused_qkv: false,
+        qk_norm: Some(NormKind::Plain),
+        scale: (hd as f32).powf(-0.5),
+        rope: Rope::new(cfg, hd, None)?,
+        softcap: None,
+    })
 }

@@ -59,9 +59,10 @@ pub fn text_config(c: &ModelConfig) -> Value {
         "hiddenSizePerLayerInput": num("hidden_size_per_layer_input", json!(0)),
         "vocabSizePerLayerInput": num("vocab_size_per_layer_input", json!(c.vocab_size)),
         "numKvSharedLayers": num("num_kv_shared_layers", json!(0)),
-        "enableMoeBlock": num("enable_moe_block", json!(false)),
+        // Gemma 4's names, else Qwen's (`num_experts_per_tok`: a Qwen MoE always routes).
+        "enableMoeBlock": num("enable_moe_block", json!(get("num_experts_per_tok").is_some())),
         "numExperts": num("num_experts", json!(0)),
-        "topKExperts": num("top_k_experts", json!(0)),
+        "topKExperts": num("top_k_experts", num("num_experts_per_tok", json!(0))),
         "moeIntermediateSize": num("moe_intermediate_size", json!(0)),
         "linearNumValueHeads": num("linear_num_value_heads", json!(0)),
         "linearNumKeyHeads": num("linear_num_key_heads", json!(0)),

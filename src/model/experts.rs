@@ -1,0 +1,148 @@
+//! Mixture-of-experts feed-forward (mlx-lm's `switch_layers.py` and Qwen3-MoE's sparse block):
+//! a router picks each token's top-k experts, each expert is a SwiGLU MLP, and their outputs are
+//! summed weighted by the router's scores. The experts' weights are stacked [experts, out, in]
+//! and multiplied with `gather_mm` / `gather_qmm`, which pick each token's experts by index, so a
+//! batch runs every token's experts in one product per projection.
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+
+use super::config::{ModelConfig, QuantParams};
+use super::layers::{swiglu, Linear};
+use super::weights::Weights;
+use crate::error::{Error, Result};
+
+/// The sizes of a model's expert layers, checked before any of them is built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertsConfig {
+    pub num_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Each expert's hidden width.
+    pub intermediate_size: usize,
+    /// Whether the top-k scores are renormalised to sum to 1.
+    pub norm_topk_prob: bool,
+}
+
+impl ExpertsConfig {
+    /// `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob` (Qwen's
+    /// names), bounded so no product or allocation follows from an absurd number.
+    pub fn from_config(cfg: &ModelConfig) -> Result<Self> {
+        let need = |key: &str| cfg.usize_opt(key).ok_or_else(|| Error::config(&cfg.source, format!("{} needs a whole number {key}", cfg.model_type)));
+        let (num_experts, top_k, intermediate_size) = (need("num_experts")?, need("num_experts_per_tok")?, need("moe_intermediate_size")?);
+        if num_experts == 0 || num_experts > 1 << 16 || top_k == 0 || top_k > num_experts || intermediate_size == 0 {
+            return Err(Error::config(
+                &cfg.source,
+                format!("experts: num_experts {num_experts} (1 to 65536), num_experts_per_tok {top_k} (1 to num_experts) and moe_intermediate_size {intermediate_size} (> 0)"),
+            ));
+        }
+        let norm_topk_prob = cfg.raw.get("norm_topk_prob").and_then(serde_json::Value::as_bool).unwrap_or(false);
+        Ok(ExpertsConfig { num_experts, top_k, intermediate_size, norm_topk_prob })
+    }
+}
+
+/// One projection of every expert: W [experts, out, in].
+enum SwitchLinear {
+    Dense(Array),
+    Quantized { weight: Array, scales: Array, biases: Array, params: QuantParams },
+}
+
+impl SwitchLinear {
+    /// `<path>.weight` stacked ([experts, out, in], quantized with `.scales`/`.biases` as mlx-lm
+    /// saves it), or, in a Hugging Face checkpoint, one `<experts>.<e>.<name>.weight` per expert.
+    fn load(w: &Weights, cfg: &ModelConfig, mlp: &str, name: &str, e: &ExpertsConfig, out: usize, inp: usize) -> Result<Self> {
+        let path = format!("{mlp}.switch_mlp.{name}");
+        if w.has(&format!("{path}.scales")) {
+            let q = cfg.quantization.as_ref().and_then(|q| q.params_for(&path)).ok_or_else(|| Error::tensor(format!("{path}.scales"), "quantized tensor but config.json does not quantize it"))?;
+            let (gs, bits) = (q.group_size as usize, q.bits as usize);
+            if inp % gs != 0 || (inp * bits) % 32 != 0 {
+                return Err(Error::tensor(format!("{path}.weight"), format!("rows of {inp} cannot be quantized in groups of {gs} at {bits} bits")));
+            }
+            return Ok(SwitchLinear::Quantized {
+                weight: w.array_shaped(&format!("{path}.weight"), &[e.num_experts, out, inp * bits / 32])?,
+                scales: w.array_shaped(&format!("{path}.scales"), &[e.num_experts, out, inp / gs])?,
+                biases: w.array_shaped(&format!("{path}.biases"), &[e.num_experts, out, inp / gs])?,
+                params: q,
+            });
+        }
+        if w.has(&format!("{path}.weight")) {
+            return Ok(SwitchLinear::Dense(w.array_shaped(&format!("{path}.weight"), &[e.num_experts, out, inp])?));
+        }
+        let each = (0..e.num_experts).map(|i| w.array_shaped(&format!("{mlp}.experts.{i}.{name}.weight"), &[out, inp])).collect::<Result<Vec<_>>>()?;
+        Ok(SwitchLinear::Dense(ops::stack(&each, 0)?))
+    }
+
+    /// `x · W[idx]ᵀ` for each index: x [..., 1, in] with idx [...] → [..., 1, out].
+    fn forward(&self, x: &Array, idx: &Array, sorted: bool) -> Result<Array> {
+        Ok(match self {
+            SwitchLinear::Dense(w) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, idx, sorted)?,
+            SwitchLinear::Quantized { weight, scales, biases, params } => {
+                ops::gather_qmm(x, weight, scales, biases, None, idx, true, params.group_size, params.bits, sorted)?
+            }
+        })
+    }
+}
+
+/// Each token's top-k experts (SwiGLU MLPs) weighted by the router's scores.
+pub struct SparseMoe {
+    router: Linear,
+    gate_proj: SwitchLinear,
+    up_proj: SwitchLinear,
+    down_proj: SwitchLinear,
+    top_k: i32,
+    norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// `<path>.gate` (the router) and the experts of `<path>.switch_mlp` (or `<path>.experts`).
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, e: &ExpertsConfig) -> Result<Self> {
+        let (d, h) = (cfg.hidden_size, e.intermediate_size);
+        Ok(SparseMoe {
+            router: Linear::load(w, cfg, &format!("{path}.gate"), e.num_experts, d, false)?,
+            gate_proj: SwitchLinear::load(w, cfg, path, "gate_proj", e, h, d)?,
+            up_proj: SwitchLinear::load(w, cfg, path, "up_proj", e, h, d)?,
+            down_proj: SwitchLinear::load(w, cfg, path, "down_proj", e, d, h)?,
+            top_k: e.top_k as i32,
+            norm_topk_prob: e.norm_topk_prob,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gates = ops::softmax_axis(self.router.forward(x)?, -1, true)?;
+        let experts = gates.shape()[gates.ndim() - 1];
+        let inds = ops::argpartition_axis(&gates, experts - self.top_k, -1)?.index((.., .., experts - self.top_k..));
+        let mut scores = gates.take_along_axis(&inds, -1)?;
+        if self.norm_topk_prob {
+            scores = ops::divide(&scores, ops::sum_axis(&scores, -1, true)?)?;
+        }
+        let y = self.experts(x, &inds)?;
+        let weighted = ops::multiply(&y, ops::expand_dims(&scores, -1)?)?;
+        Ok(ops::sum_axis(&weighted, -2, false)?.as_dtype(y.dtype())?)
+    }
+
+    /// SwitchGLU: x [B, L, D] through experts `inds` [B, L, k] → [B, L, k, D]. From 64 (token,
+    /// expert) pairs on, the pairs are sorted by expert first, as mlx-lm does, so that each
+    /// expert's weights are read once per step.
+    fn experts(&self, x: &Array, inds: &Array) -> Result<Array> {
+        let x = ops::expand_dims_axes(x, &[-2, -3])?;
+        let sort = inds.size() >= 64;
+        let (x, idx, inverse) = if sort {
+            let k = inds.shape()[inds.ndim() - 1];
+            let flat = inds.flatten(None, None)?;
+            let order = ops::argsort_axis(&flat, -1)?;
+            let inverse = ops::argsort_axis(&order, -1)?;
+            let rows = ops::floor_divide(&order, Array::from_int(k).as_dtype(order.dtype())?)?;
+            (x.flatten(0, -3)?.take_axis(&rows, 0)?, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, inds.clone(), None)
+        };
+        let up = self.up_proj.forward(&x, &idx, sort)?;
+        let gate = self.gate_proj.forward(&x, &idx, sort)?;
+        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, sort)?;
+        if let Some(inverse) = inverse {
+            let mut shape = inds.shape().to_vec();
+            shape.extend_from_slice(&y.shape()[1..]);
+            y = y.take_axis(&inverse, 0)?.reshape(&shape)?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+}
