@@ -1,8 +1,8 @@
 //! Engines and sessions for JavaScript. Events cross in batches (`nextBatch` resolves with every
 //! ready event at once); index.js turns them back into one `GenerationEvent` per `next()` and
 //! calls `consumed()` as each is used, so the Rust queue bounds and idle timer see every read.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use napi::bindgen_prelude::{Either, Float64Array, Int32Array, PromiseRaw, Uint32Array};
 use napi::Env;
@@ -355,28 +355,42 @@ pub struct NativeSession {
 }
 
 /// Whether JavaScript still holds the session: by the object, or by a pending promise of it (a
-/// caller may keep only `session.result`). The session is closed once it holds neither.
+/// caller may keep only `session.result`). The session is closed once it holds neither. Both
+/// change under one lock: as two atomics, a promise settling on a tokio thread while the object
+/// is collected on the JS thread (a worker torn down mid-generation) could each read the other's
+/// old value, and neither would close the session (x86 lets a store wait in its buffer past a
+/// later load). A 1-hour soak left 6 sessions that never ended; this race can explain them.
 #[derive(Default)]
-struct Held {
-    pending: AtomicUsize,
-    dropped: AtomicBool,
+struct Held(Mutex<HeldBy>);
+
+#[derive(Default)]
+struct HeldBy {
+    pending: usize,
+    dropped: bool,
 }
 
 impl Held {
+    fn by(&self) -> std::sync::MutexGuard<'_, HeldBy> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn begin(self: &Arc<Self>) -> Arc<Self> {
-        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.by().pending += 1;
         self.clone()
     }
 
     /// A promise settled; returns whether nothing holds the session any more.
     fn end(&self) -> bool {
-        self.pending.fetch_sub(1, Ordering::AcqRel) == 1 && self.dropped.load(Ordering::Acquire)
+        let mut by = self.by();
+        by.pending -= 1;
+        by.pending == 0 && by.dropped
     }
 
     /// The object was collected; returns whether nothing holds the session any more.
     fn drop_object(&self) -> bool {
-        self.dropped.store(true, Ordering::Release);
-        self.pending.load(Ordering::Acquire) == 0
+        let mut by = self.by();
+        by.dropped = true;
+        by.pending == 0
     }
 }
 
