@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Random-weight models of benchmark size (tiny but not toys) for the architectures no real
+checkpoint here carries, made with mlx-lm's own classes and given SmolLM2's tokenizer so both
+engines load them as they would a downloaded folder:
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
+        .venv/bin/python scripts/bench_models.py OUT_DIR [SMOLLM2_FOLDER]
+
+OUT_DIR/<name> for each entry of MODELS (bf16 safetensors, config.json, tokenizer files).
+Speed does not depend on the weights' values, only on the shapes: these are for
+scripts/bench.py and scripts/bench-batch.js, never for parity (scripts/tiny_models.py is).
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes
+
+VOCAB = 49152  # SmolLM2's tokenizer
+
+MODELS = {
+    # 8 layers, 32 experts of width 256, top 4 (Qwen3-30B-A3B routes 8 of 128): ~140M
+    # parameters of which ~40M are read per token.
+    "qwen3_moe": {
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 512,
+        "num_hidden_layers": 8, "intermediate_size": 1536, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+        "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "moe_intermediate_size": 256, "norm_topk_prob": True,
+        "torch_dtype": "bfloat16", "eos_token_id": 2, "bos_token_id": 1,
+    },
+}
+
+
+def main(argv):
+    if len(argv) not in (2, 3):
+        raise SystemExit(__doc__)
+    out = Path(argv[1])
+    tokenizer = Path(argv[2]) if len(argv) == 3 else Path(__file__).resolve().parent.parent / "fixtures" / "smollm2-f32"
+    for name, cfg in MODELS.items():
+        path = out / name
+        path.mkdir(parents=True, exist_ok=True)
+        mx.random.seed(0)
+        model_class, args_class = _get_classes(cfg)
+        model = model_class(args_class.from_dict(cfg))
+        weights = {k: v.astype(mx.bfloat16) for k, v in tree_flatten(model.parameters())}
+        mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (tokenizer / f).exists():
+                shutil.copy(tokenizer / f, path / f)
+        count = sum(v.size for v in weights.values())
+        print(f"{path}: {count / 1e6:.0f}M parameters", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
