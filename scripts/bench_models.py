@@ -6,7 +6,9 @@ engines load them as they would a downloaded folder:
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
         .venv/bin/python scripts/bench_models.py OUT_DIR [SMOLLM2_FOLDER]
 
-OUT_DIR/<name> for each entry of MODELS (bf16 safetensors, config.json, tokenizer files).
+OUT_DIR/<name> for each entry of MODELS (f32 safetensors, config.json, tokenizer files). f32:
+MLX's CPU backend multiplies gathered experts (`gather_mm`) in float32 only; a bf16 MoE fails
+there, in mlx-lm as here.
 Speed does not depend on the weights' values, only on the shapes: these are for
 scripts/bench.py and scripts/bench-batch.js, never for parity (scripts/tiny_models.py is).
 """
@@ -31,7 +33,7 @@ MODELS = {
         "rope_theta": 1000000.0, "tie_word_embeddings": True, "max_position_embeddings": 32768,
         "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
         "mlp_only_layers": [], "moe_intermediate_size": 256, "norm_topk_prob": True,
-        "torch_dtype": "bfloat16", "eos_token_id": 2, "bos_token_id": 1,
+        "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
     },
 }
 
@@ -47,7 +49,7 @@ def main(argv):
         mx.random.seed(0)
         model_class, args_class = _get_classes(cfg)
         model = model_class(args_class.from_dict(cfg))
-        weights = {k: v.astype(mx.bfloat16) for k, v in tree_flatten(model.parameters())}
+        weights = dict(tree_flatten(model.parameters()))
         mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
         (path / "config.json").write_text(json.dumps(cfg, indent=2))
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):

@@ -359,7 +359,7 @@ pub struct NativeSession {
 /// change under one lock: as two atomics, a promise settling on a tokio thread while the object
 /// is collected on the JS thread (a worker torn down mid-generation) could each read the other's
 /// old value, and neither would close the session (x86 lets a store wait in its buffer past a
-/// later load). A 1-hour soak left 6 sessions that never ended; this race can explain them.
+/// later load).
 #[derive(Default)]
 struct Held(Mutex<HeldBy>);
 
