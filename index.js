@@ -47,6 +47,8 @@ const testing = {
     return new InferenceEngine(wrap(native.createScriptedEngineNative)(jsonSafe(script), rest))
   },
   liveSessions: () => native.liveSessionsNative(),
+  /** The sessions not yet ended, each described, and `lost`: counted live, referenced by nothing. */
+  liveSessionStates: () => native.liveSessionStatesNative(),
   /** Panics inside a synchronous binding (for the panic-isolation tests). */
   panicInBinding: wrap((message) => native.panicNative(message)),
   batchCounts: () => native.batchCountsNative(),

@@ -26,10 +26,18 @@ const ROOT = path.join(__dirname, '..')
 const rand = (n) => Math.floor(Math.random() * n)
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
+// Which kind of round opened each engine session, so a session that never ends can be traced
+// back (sessions of generate() and of workers are not listed: the rest of the live ones).
+const CASES = ['read', 'cancel', 'generate aborted', 'generate broken off', 'dropped unread']
+const opened = new Map()
+
 async function sessions(engine, model) {
   const prompt = Array.from({ length: 1 + rand(40) }, () => 1 + rand(200))
-  const s = engine.open({ promptTokens: prompt, maxTokens: 4 + rand(60), eosTokenIds: [] }, rand(3) === 0 ? { output: 'collect' } : {})
-  switch (rand(5)) {
+  const collect = rand(3) === 0
+  const s = engine.open({ promptTokens: prompt, maxTokens: 4 + rand(60), eosTokenIds: [] }, collect ? { output: 'collect' } : {})
+  const kind = rand(5)
+  opened.set(s.id, `${CASES[kind]}${collect ? ' (collect)' : ''}`)
+  switch (kind) {
     case 0: // read to the end (stream) or wait for the result (collect)
       try {
         for await (const _ of s.events);
@@ -72,6 +80,13 @@ function childRound() {
   })
 }
 
+/** Prints each session still alive between rounds (all engines of past rounds are closed). */
+function reportLive() {
+  const { sessions, lost } = mlx.testing.liveSessionStates()
+  for (const st of sessions) console.log(`  live ${JSON.stringify({ ...st, opener: opened.get(st.id) ?? 'generate() or a worker' })}`)
+  if (lost > 0) console.log(`  ${lost} counted live but referenced by nothing`)
+}
+
 async function main() {
   const model = await mlx.loadModel(dir)
   const started = Date.now()
@@ -88,11 +103,15 @@ async function main() {
     await Promise.all(work)
     await engine.close()
     rounds++
+    // Keep the openers of the sessions still alive only.
+    const live = new Set(mlx.testing.liveSessionStates().sessions.map((st) => st.id))
+    for (const id of opened.keys()) if (!live.has(id)) opened.delete(id)
     if (global.gc) global.gc()
     if (Date.now() >= next) {
       const s = { minute: (Date.now() - started) / 60e3, rssMb: process.memoryUsage().rss / 2 ** 20, live: mlx.testing.liveSessions(), rounds }
       samples.push(s)
       console.log(`${s.minute.toFixed(1)} min  rss ${s.rssMb.toFixed(0)} MB  live sessions ${s.live}  rounds ${rounds}  failures ${failures}  child crashes ${childCrashes}`)
+      if (s.live > 0) reportLive()
       next += 60e3
     }
   }

@@ -11,7 +11,7 @@ use super::caller_cache::{CacheLease, CacheState};
 use super::models::ModelId;
 use super::placement::{capabilities, ExecutionCapabilities};
 pub use super::request::{MethodSpec, PrefixKey, Source};
-use super::session::{CancelReason, DeliveryLimits, OutputMode, Session, SessionHooks};
+use super::session::{CancelReason, DeliveryLimits, OutputMode, Session, SessionHooks, SessionState};
 use super::thread::EngineThread;
 use crate::error::{Error, Result};
 use crate::sample::validate_prompt;
@@ -22,6 +22,24 @@ static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 pub fn live_sessions() -> usize {
     LIVE.load(Ordering::Acquire)
+}
+
+/// Every session opened and not yet seen ended, for `live_session_states`; pruned as sessions
+/// open, so it stays near the live count.
+static OPENED: Mutex<Vec<Weak<Session>>> = Mutex::new(Vec::new());
+
+/// The sessions not yet terminal, each described (`Session::describe`), and how many more the
+/// live count holds that nothing references any more (dropped before they ended).
+pub fn live_session_states() -> (Vec<serde_json::Value>, usize) {
+    let opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    let states: Vec<serde_json::Value> = opened
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|s| s.state() != SessionState::Terminal)
+        .map(|s| s.describe())
+        .collect();
+    let lost = live_sessions().saturating_sub(states.len());
+    (states, lost)
 }
 
 pub struct InferenceEngine {
@@ -78,6 +96,13 @@ impl InferenceEngine {
         let id = format!("s{}", NEXT_SESSION.fetch_add(1, Ordering::Relaxed));
         let hooks: Arc<dyn SessionHooks> = Arc::new(Hooks(self.clone()));
         let session = Arc::new(Session::new(id, mode, limits, hooks));
+        {
+            let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+            if opened.len() >= 64 + 2 * live_sessions() {
+                opened.retain(|w| w.upgrade().is_some_and(|s| s.state() != SessionState::Terminal));
+            }
+            opened.push(Arc::downgrade(&session));
+        }
         {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             sessions.retain(|s| s.strong_count() > 0);

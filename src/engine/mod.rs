@@ -11,6 +11,7 @@ pub mod events;
 pub mod fill;
 mod generate;
 mod group;
+pub mod holds;
 mod memory;
 pub mod inference;
 pub mod method;

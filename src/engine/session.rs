@@ -277,6 +277,20 @@ impl Session {
         self.lock().committed
     }
 
+    /// Where a session that has not ended stands, for `testing.liveSessionStates` (a soak that
+    /// finds sessions never ending needs to see which step they wait on).
+    pub fn describe(&self) -> serde_json::Value {
+        let s = self.lock();
+        serde_json::json!({
+            "id": self.id, "mode": format!("{:?}", self.mode), "state": s.state, "started": s.started,
+            "readerClaimed": s.reader_claimed, "reading": s.reading,
+            "cancelled": s.cancelled.map(CancelReason::as_str), "ready": s.ready.len(),
+            "handed": s.handed.len(), "outbox": s.outbox.len(), "producerWaiting": s.producer_waiting,
+            "finishing": s.finishing, "committed": s.committed, "outputStopped": s.output_stopped,
+            "outputFinished": s.output_finished,
+        })
+    }
+
     // ---- consumer side ----
 
     /// Claims the one event consumer of a stream session.
@@ -721,18 +735,22 @@ impl Output<'_> {
     }
 }
 
+/// Hooks that do nothing, for tests of sessions outside an engine.
+#[cfg(test)]
+pub(crate) struct NoHooks;
+
+#[cfg(test)]
+impl SessionHooks for NoHooks {
+    fn wake(&self) {}
+    fn terminal(&self) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn limits(events: usize, tokens: usize) -> DeliveryLimits {
         DeliveryLimits { idle_timeout: None, max_queued_events: events, max_queued_tokens: tokens, max_top_logprobs: 2 }
-    }
-
-    struct NoHooks;
-    impl SessionHooks for NoHooks {
-        fn wake(&self) {}
-        fn terminal(&self) {}
     }
 
     fn session(mode: OutputMode, l: DeliveryLimits) -> Session {

@@ -506,13 +506,7 @@ mod tests {
     use super::*;
     use crate::engine::admission::EngineOptions;
     use crate::engine::method::Script;
-    use crate::engine::session::{DeliveryLimits, OutputMode, SessionHooks, Status};
-
-    struct NoHooks;
-    impl SessionHooks for NoHooks {
-        fn wake(&self) {}
-        fn terminal(&self) {}
-    }
+    use crate::engine::session::{DeliveryLimits, NoHooks, OutputMode, Status};
 
     #[test]
     fn a_loop_that_ends_fails_every_session_and_reply_with_engine_dead() {

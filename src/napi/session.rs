@@ -2,7 +2,7 @@
 //! ready event at once); index.js turns them back into one `GenerationEvent` per `next()` and
 //! calls `consumed()` as each is used, so the Rust queue bounds and idle timer see every read.
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use napi::bindgen_prelude::{Either, Float64Array, Int32Array, PromiseRaw, Uint32Array};
 use napi::Env;
@@ -14,7 +14,8 @@ use super::convert::{prompt_tokens, render_options, GenerateOptionsJs};
 use super::js_error;
 use super::model::{KvCache, Model};
 use super::tokenizer::{ChatTemplate, RenderOptionsJs, Tokenizer};
-use crate::engine::inference::live_sessions;
+use crate::engine::holds::SessionHold;
+use crate::engine::inference::{live_session_states, live_sessions};
 use crate::engine::method::Script;
 use crate::engine::session::{CancelReason, OutputMode, Session, SessionEvent, Status};
 use crate::engine::fill::{template, FillPlan};
@@ -77,6 +78,14 @@ pub fn create_scripted_engine_native(script: Value, options: Option<Value>) -> n
 #[napi(catch_unwind)]
 pub fn live_sessions_native() -> u32 {
     live_sessions() as u32
+}
+
+/// `testing.liveSessionStates()`: `{ sessions, lost }`, each session not yet terminal described,
+/// and how many more are counted live though nothing references them.
+#[napi(catch_unwind)]
+pub fn live_session_states_native() -> Value {
+    let (sessions, lost) = live_session_states();
+    json!({ "sessions": sessions, "lost": lost })
 }
 
 /// Panics with `message`: a bug inside a synchronous binding, which must throw rather than abort
@@ -208,7 +217,7 @@ impl NativeEngine {
             let spec = self.spec(prompt_tokens, messages, chat, options.unwrap_or_default(), cache, draft_model)?;
             self.inner.open(spec, mode, aborted)
         };
-        open().map(|inner| NativeSession { inner, held: Arc::default() }).map_err(js_error)
+        open().map(|inner| NativeSession { hold: SessionHold::new(inner) }).map_err(js_error)
     }
 
     /// Marks the engine closed at once, on the caller's thread: an `open` right after an
@@ -348,68 +357,29 @@ pub struct OutcomeJs {
     pub error: Option<Value>,
 }
 
+/// A session for JavaScript. The object and each pending promise hold it (`SessionHold`): once
+/// the object is collected and no promise is pending, the session is closed.
 #[napi]
 pub struct NativeSession {
-    inner: Arc<Session>,
-    held: Arc<Held>,
-}
-
-/// Whether JavaScript still holds the session: by the object, or by a pending promise of it (a
-/// caller may keep only `session.result`). The session is closed once it holds neither. Both
-/// change under one lock: as two atomics, a promise settling on a tokio thread while the object
-/// is collected on the JS thread (a worker torn down mid-generation) could each read the other's
-/// old value, and neither would close the session (x86 lets a store wait in its buffer past a
-/// later load).
-#[derive(Default)]
-struct Held(Mutex<HeldBy>);
-
-#[derive(Default)]
-struct HeldBy {
-    pending: usize,
-    dropped: bool,
-}
-
-impl Held {
-    fn by(&self) -> std::sync::MutexGuard<'_, HeldBy> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn begin(self: &Arc<Self>) -> Arc<Self> {
-        self.by().pending += 1;
-        self.clone()
-    }
-
-    /// A promise settled; returns whether nothing holds the session any more.
-    fn end(&self) -> bool {
-        let mut by = self.by();
-        by.pending -= 1;
-        by.pending == 0 && by.dropped
-    }
-
-    /// The object was collected; returns whether nothing holds the session any more.
-    fn drop_object(&self) -> bool {
-        let mut by = self.by();
-        by.dropped = true;
-        by.pending == 0
-    }
+    hold: SessionHold,
 }
 
 #[napi]
 impl NativeSession {
     #[napi(getter, catch_unwind)]
     pub fn id(&self) -> String {
-        self.inner.id.clone()
+        self.hold.session().id.clone()
     }
 
     #[napi(getter, catch_unwind)]
     pub fn state(&self) -> Value {
-        serde_json::to_value(self.inner.state()).unwrap_or(Value::Null)
+        serde_json::to_value(self.hold.session().state()).unwrap_or(Value::Null)
     }
 
     /// Claims the one consumer of a stream session's events.
     #[napi(catch_unwind)]
     pub fn claim_reader(&self) -> napi::Result<()> {
-        self.inner.claim_reader().map_err(js_error)
+        self.hold.session().claim_reader().map_err(js_error)
     }
 
     /// Every ready event (waiting for one); `null` once the session has ended and been drained.
@@ -418,12 +388,10 @@ impl NativeSession {
     /// the promise is pending, freeing this object, and the future still runs to its end.
     #[napi(catch_unwind)]
     pub fn next_batch<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, Option<EventBatch>>> {
-        let (inner, held) = (self.inner.clone(), self.held.begin());
+        let (inner, pending) = (self.hold.session().clone(), self.hold.promise());
         env.spawn_future(async move {
             let next = inner.next_batch().await;
-            if held.end() {
-                inner.cancel(CancelReason::ConsumerClosed);
-            }
+            drop(pending);
             Ok(next.map_err(js_error)?.map(batch))
         })
     }
@@ -431,34 +399,34 @@ impl NativeSession {
     /// The consumer used `n` more of the events it was handed.
     #[napi(catch_unwind)]
     pub fn consumed(&self, n: u32) {
-        self.inner.consumed(n as usize);
+        self.hold.session().consumed(n as usize);
     }
 
     #[napi(catch_unwind)]
     pub fn cancel(&self, reason: Option<String>) -> napi::Result<()> {
         let reason = reason.map_or(Ok(CancelReason::Requested), |r| CancelReason::parse(&r)).map_err(js_error)?;
-        self.inner.cancel(reason);
+        self.hold.session().cancel(reason);
         Ok(())
     }
 
     /// Callback mode: the callback returned `false`.
     #[napi(catch_unwind)]
     pub fn stop_output(&self) {
-        self.inner.stop_output();
+        self.hold.session().stop_output();
     }
 
     /// Callback mode: the callback threw.
     #[napi(catch_unwind)]
     pub fn fail_output(&self, message: String) {
-        self.inner.fail_output(message);
+        self.hold.session().fail_output(message);
     }
 
     #[napi(catch_unwind)]
     pub fn outcome<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, OutcomeJs>> {
-        let (inner, held) = (self.inner.clone(), self.held.begin());
+        let (inner, pending) = (self.hold.session().clone(), self.hold.promise());
         env.spawn_future(async move {
             let outcome = inner.outcome().await;
-            held.end();
+            drop(pending);
             Ok(outcome_js(outcome))
         })
     }
@@ -500,12 +468,3 @@ fn outcome_js(o: crate::engine::session::Outcome) -> OutcomeJs {
     }
 }
 
-/// A session JavaScript dropped without closing is closed, releasing its native state: at once,
-/// or when its last pending promise settles.
-impl Drop for NativeSession {
-    fn drop(&mut self) {
-        if self.held.drop_object() {
-            self.inner.cancel(CancelReason::ConsumerClosed);
-        }
-    }
-}
