@@ -285,7 +285,7 @@ mod tests {
     }
 
     fn max_diff(a: &Array, b: &Array) -> f32 {
-        ops::abs(&ops::subtract(a, b).unwrap()).unwrap().max(None).unwrap().item::<f32>()
+        ops::abs(&ops::subtract(a, b).unwrap()).unwrap().max(None).unwrap().item_exact::<f32>()
     }
 
     /// Quantized attention is attention over the dequantized keys and values (up to float

@@ -218,9 +218,9 @@ impl Generation {
         let sampler = Sampler::new(opts.sampling.clone(), &prompt)?;
         let constraint = match &opts.grammar {
             Some(spec) => {
-                let env = grammar::env(&model.config().model_path(), model.config().vocab_size)?;
+                let grammar = Constraint::for_model(&model.config().model_path(), model.config().vocab_size, spec)?;
                 let last = *prompt.last().ok_or_else(|| Error::InvalidPrompt("the prompt is empty".into()))?;
-                Some(Constrained { grammar: Constraint::new(&env, spec)?, jump: false, next: vec![last], logits: None })
+                Some(Constrained { grammar, jump: false, next: vec![last], logits: None })
             }
             None => None,
         };

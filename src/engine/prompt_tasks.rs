@@ -7,7 +7,7 @@ use super::rows;
 use crate::cache::{CacheView, LayerCache};
 use crate::error::{Error, Result};
 use crate::mlx::host;
-use crate::model::{Logits, StepContext, Tokens};
+use crate::model::{LanguageModel, Logits, StepContext, Tokens};
 use crate::sample::{validate_prompt, GenerateOptions};
 
 fn chunk() -> usize {
@@ -89,6 +89,24 @@ impl PromptEmbeddings {
         PromptEmbeddings { models, model, rows, order, next: 0, batch: None, vectors }
     }
 
+    /// The next rows to run together (shortest first, within the batch limits); `None` once
+    /// every row has run.
+    fn form_batch(&mut self, model: &dyn LanguageModel) -> Option<Batch> {
+        let mut members = Vec::new();
+        for &i in &self.order[self.next..] {
+            // Shortest first: this row is the batch's longest so far.
+            let padded = (members.len() + 1) * self.rows[i].len();
+            if !members.is_empty() && (members.len() == BATCH_ROWS || padded > BATCH_TOKENS) {
+                break;
+            }
+            members.push(i);
+        }
+        self.next += members.len();
+        let longest = self.rows[*members.last()?].len();
+        let caches = members.iter().map(|_| model.new_cache()).collect();
+        Some(Batch { members, caches, chunks: longest.div_ceil(chunk()), fed: 0 })
+    }
+
     pub fn step(&mut self) -> Result<Option<Vec<Vec<f32>>>> {
         let model = lookup(&self.models, self.model)?;
         if self.next == 0 && self.batch.is_none() {
@@ -96,25 +114,13 @@ impl PromptEmbeddings {
                 validate_prompt(row, model.config().vocab_size)?;
             }
         }
-        if self.batch.is_none() {
-            if self.next == self.order.len() {
-                return Ok(Some(std::mem::take(&mut self.vectors)));
-            }
-            let mut members = Vec::new();
-            for &i in &self.order[self.next..] {
-                // Shortest first: this row is the batch's longest so far.
-                let padded = (members.len() + 1) * self.rows[i].len();
-                if !members.is_empty() && (members.len() == BATCH_ROWS || padded > BATCH_TOKENS) {
-                    break;
-                }
-                members.push(i);
-            }
-            self.next += members.len();
-            let longest = self.rows[*members.last().expect("one row at least")].len();
-            let caches = members.iter().map(|_| model.new_cache()).collect();
-            self.batch = Some(Batch { members, caches, chunks: longest.div_ceil(chunk()), fed: 0 });
-        }
-        let batch = self.batch.as_mut().expect("a batch");
+        let batch = match self.batch.as_mut() {
+            Some(batch) => batch,
+            None => match self.form_batch(&*model) {
+                Some(batch) => self.batch.insert(batch),
+                None => return Ok(Some(std::mem::take(&mut self.vectors))),
+            },
+        };
         // Chunk k of row i ends `chunks - 1 - k` chunks before the row's end.
         let before_end = (batch.chunks - 1 - batch.fed) * chunk();
         let mut fed: Vec<&[u32]> = Vec::new();

@@ -156,10 +156,7 @@ impl Speculative {
                     .map(|(config, plan)| FillSession::new(&config, plan, &eos, &prompt))
                     .transpose()?;
                 let constraint = match &opts.grammar {
-                    Some(spec) => {
-                        let env = grammar::env(&model.config().model_path(), model.config().vocab_size)?;
-                        Some(Constraint::new(&env, spec)?)
-                    }
+                    Some(spec) => Some(Constraint::for_model(&model.config().model_path(), model.config().vocab_size, spec)?),
                     None => None,
                 };
                 let mut row = Speculative {

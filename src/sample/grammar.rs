@@ -186,6 +186,12 @@ pub struct Constraint {
 }
 
 impl Constraint {
+    /// A constraint over the vocabulary of the model at `path`, whose logits have `vocab`
+    /// columns (its environment built on first use, see `env`).
+    pub fn for_model(path: &Path, vocab: usize, spec: &GrammarSpec) -> Result<Self> {
+        Constraint::new(&*env(path, vocab)?, spec)
+    }
+
     pub fn new(env: &GrammarEnv, spec: &GrammarSpec) -> Result<Self> {
         Ok(Constraint { matcher: compile(&env.factory, spec)?, vocab: env.vocab, tokenizer_eos: env.eos.clone() })
     }
