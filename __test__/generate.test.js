@@ -176,12 +176,12 @@ describe('generate on SmolLM2 (real weights)', () => {
   })
 
   // Node forks to spawn; before a fork the engine gets out of MLX (OpenBLAS's fork handler would
-  // hang a BLAS call). Inside a prefill step of ~10 s (1500 tokens, f32, MLX's CPU backend) it
+  // hang a BLAS call). Inside a prefill step of ~6 s (900 tokens, f32, MLX's CPU backend) it
   // pauses at the next layer, so the spawn waits for one layer, and the generation goes on as if
   // nothing happened.
   test('a process spawned during a long prefill step waits for one layer; tokens unchanged', { timeout: 180_000 }, async () => {
     const model = await mlx.loadModel(fixture('smollm2-f32'))
-    const prompt = Array.from({ length: 1500 }, (_, i) => (i * 7919 + 13) % 49152)
+    const prompt = Array.from({ length: 900 }, (_, i) => (i * 7919 + 13) % 49152)
     const run = async (spawnAfterMs) => {
       const gen = mlx.generate(model, prompt, { maxTokens: 4, eosTokenIds: [], topLogprobs: 2 })
       let blocked = null
@@ -197,7 +197,7 @@ describe('generate on SmolLM2 (real weights)', () => {
       return { steps, blocked }
     }
     const quiet = await run(null)
-    const forked = await run(2000)
+    const forked = await run(1000)
     if (process.platform === 'linux') assert.ok(forked.blocked < 4000, `the spawn waited ${forked.blocked} ms`)
     assert.equal(forked.steps.length, 4)
     assert.deepEqual(forked.steps, quiet.steps)

@@ -180,6 +180,12 @@ async function collect(gen) {
   return { tokens, gen }
 }
 
+/** POSTs JSON (or a raw string) and reads the JSON answer, if any. */
+async function post(url, body, headers = {}) {
+  const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) })
+  return { status: r.status, headers: r.headers, json: await r.json().catch(() => null) }
+}
+
 /** The cosine of the angle between two vectors of the same length. */
 function cosine(a, b) {
   assert.equal(a.length, b.length)
@@ -192,4 +198,4 @@ function cosine(a, b) {
   return dot / Math.sqrt(na * nb)
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, cosine, TINY }
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, cosine, post, TINY }

@@ -72,7 +72,9 @@ describe('parity with mlx-lm', () => {
     const ref = readJson('ref-gemma.json')
     const [bf16, f32] = [await mlx.loadModel(fixture('gemma3-bf16'), { f32Matmuls: 'none' }), await mlx.loadModel(fixture('gemma3-bf16'), { f32Matmuls: 'all' })]
     try {
-      for (const r of ref.results) {
+      // The short prompts: the long one (past the sliding window, gemma.test.js's) takes half a
+      // minute of bf16 prefill here and says nothing more about the kernel.
+      for (const r of ref.results.filter((x) => x.prompt_ids.length < 512)) {
         const [x, y] = [await bf16.logits(r.prompt_ids), await f32.logits(r.prompt_ids)]
         let [max, ax, ay] = [0, 0, 0]
         for (let i = 0; i < x.length; i++) {
@@ -115,14 +117,15 @@ describe('parity with mlx-lm', () => {
         fast += corr(y, exact)
       }
       // The f32 kernel's outputs lie nearer the f32 model's than the bf16 kernel's (measured:
-      // 2.58 against 2.54 over the three prompts; KL against the f32 model 0.44 against 0.55).
+      // 1.660 against 1.622 over the two prompts, each prompt nearer; KL against the f32 model
+      // 0.44 against 0.55 over the three of an earlier reference).
       assert.ok(fast > stored, `correlation with the f32 model: f32 scales ${fast}, bf16 ${stored}`)
     } finally {
       for (const m of models) m.dispose()
     }
   })
 
-  test('(b) MLX 4-bit g64 folder: greedy tokens on 3 prompts', async () => {
+  test('(b) MLX 4-bit g64 folder: greedy tokens on 2 prompts', async () => {
     await checkGreedy('smollm2-q4', 'ref-q4.json')
   })
 

@@ -22,15 +22,14 @@ convert smollm2-bf16 --dtype bf16
 
 BLAS=/usr/lib/$(uname -m)-linux-gnu/libopenblas.so.0
 PRELOAD=""; [ -f "$BLAS" ] && PRELOAD=$BLAS
-reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS]
+CHAT='{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
+TEXTS='{"text": "The quick brown fox"}, {"text": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}'
+reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS] [PROMPTS]
   local spec="$OUT/spec-$1.json"
   [ -f "$OUT/ref-$1.json" ] && return
   cat > "$spec" <<JSON
 {"model": "$OUT/$2", "max_tokens": $3, "logits": $4, ${5:-}
- "prompts": [
-   {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
-   {"text": "The quick brown fox"},
-   {"text": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}],
+ "prompts": [${6:-$CHAT, $TEXTS}],
  "tokenize": ["Hello world! The quick brown fox.", "  leading spaces and   multiple    spaces\n\nnew lines\ttabs",
    "Numbers: 1234567890 3.14159 -42", "Unicode: café naïve 日本語のテキスト 中文 한국어 русский", "Emoji 🤗🚀👍🏽 ©®™ — “quotes”",
    "<|im_start|>user\nHi there<|im_end|>\n", "I'm you're they'll DON'T", "   "],
@@ -43,7 +42,9 @@ JSON
   mv "$OUT/ref-$1.json.part" "$OUT/ref-$1.json"
 }
 reference f32 smollm2-f32 64 true
-reference q4 smollm2-q4 16 false
+# The two text prompts only: MLX's CPU kernel for this 4-bit layout prefills about a token a
+# second, so the 37-token chat prompt alone cost a minute here and half a minute in the test.
+reference q4 smollm2-q4 16 false '' "$TEXTS"
 reference exact smollm2-exact 16 false
 
 # mlx-lm as the teacher for `mlx-bun eval` on a short text: its perplexity, and a format-1

@@ -6,15 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/fixtures.sh
 FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
-echo "== cargo test"
+echo "== cargo test ($(date -u +%T))"
 MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
 MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
   cargo test --release -q --no-default-features --features cli -- --include-ignored
-echo "== node --test"
+echo "== node --test ($(date -u +%T))"
 # --expose-gc reaches every test file; the session tests use it to check that sessions dropped
 # without closing are reclaimed by garbage collection.
 node --expose-gc --test __test__/
-echo "== bun test"
+echo "== bun test ($(date -u +%T))"
 # Run once, under Node, to keep CI within its budget:
 # - the parity suites (SmolLM2 and Gemma-3-270M against mlx-lm, 6 min of real-weight decoding):
 #   they check numbers the Rust core computes; the JavaScript they pass through (generate()'s
@@ -24,7 +24,9 @@ echo "== bun test"
 #   decoding), the eval suite (the mlx-bun binary on real weights), and the quantized-KV and
 #   memory-admission suites (2 min of real-weight decoding):
 #   Rust behaviour with no runtime-specific code;
-# - the package test, which installs the packed tarballs with npm and with bun and runs Bun itself.
+# - the package test, which installs the packed tarballs with npm and with bun and runs Bun itself;
+# - the `mlx-bun serve` suite (a Rust binary the runtime only spawns) and the server's tool calls
+#   (HTTP behaviour of Rust); createServer's own suite (create-server.test.js) runs under both.
 node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e parity.test.js -e gemma.test.js \
-  -e prefix-cache.test.js -e server-load.test.js -e package.test.js -e grammar.test.js \
+  -e prefix-cache.test.js -e server-load.test.js -e package.test.js -e grammar.test.js -e /server.test.js \
   -e speculative.test.js -e fill.test.js -e eval.test.js -e kv-quant.test.js -e memory.test.js)
