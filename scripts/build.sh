@@ -9,9 +9,8 @@ case "$(uname -s)-$(uname -m)" in
   Darwin-arm64) triple=darwin-arm64 ;;
   *) echo "unsupported platform $(uname -s)-$(uname -m)" >&2; exit 1 ;;
 esac
-# The addon is the cdylib of this build. Builds with other features (the CLI's, `cargo test`'s)
-# write a cdylib of the same name to target/release/, so take this build's own file, by name,
-# from cargo's report.
+# One build, both targets: the addon is the cdylib, the CLI the binary. Take the addon's file, by
+# name, from cargo's report.
 lib=$(cargo build --release -q --message-format=json-render-diagnostics | node -e '
   let addon
   for (const line of require("fs").readFileSync(0, "utf8").split("\n")) {
@@ -21,7 +20,6 @@ lib=$(cargo build --release -q --message-format=json-render-diagnostics | node -
   }
   if (!addon) process.exit(1)
   console.log(addon)')
-cargo build --release -q --no-default-features --features cli --bin mlx-bun
 # Replace by rename: processes that have the old addon mapped keep a valid file (cp over it raises SIGBUS).
 cp "$lib" mlx-bun.$triple.node.tmp && mv -f mlx-bun.$triple.node.tmp mlx-bun.$triple.node
 prefix=${MLX_PREFIX:-.mlx/mlx-cpu/mlx}

@@ -9,7 +9,7 @@ FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
 echo "== cargo test ($(date -u +%T))"
 MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
 MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
-  cargo test --release -q --no-default-features --features cli -- --include-ignored
+  cargo test --release -q -- --include-ignored
 echo "== node --test ($(date -u +%T))"
 # --expose-gc reaches every test file; the session tests use it to check that sessions dropped
 # without closing are reclaimed by garbage collection.
