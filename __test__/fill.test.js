@@ -2,7 +2,7 @@
 // Fill (engine option `fill`, MLX_BUN_FILL): echo spans copied from the prompt and output are
 // appended in one step and verified against the model's own sampling, so every output equals the
 // run without fill, while the span counts show the steps it saved. Real weights: SmolLM2-135M f32
-// on a code-edit prompt (it copies the rest of a file after the renamed line), Gemma-3-270M bf16.
+// on a code-edit prompt (it copies the rest of a file after the renamed line), Gemma-3-270M f32.
 const { test, describe, before, after } = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
@@ -138,7 +138,7 @@ describe('fill: echo spans on SmolLM2 (real weights)', () => {
 
 describe('fill on Gemma-3-270M (real weights, sliding-window caches)', () => {
   test('greedy: the same tokens as plain decoding, with echo spans committed', async () => {
-    const dir = fixture('gemma3-bf16')
+    const dir = fixture('gemma3-f32')
     const model = await mlx.loadModel(dir)
     const tok = mlx.loadTokenizer(dir)
     const line = 'The quick brown fox jumps over the lazy dog near the river bank.'

@@ -54,7 +54,7 @@ describe('prefix cache on SmolLM2 (real weights, f32)', () => {
     model.dispose()
   })
 
-  test('five chat turns over an 800-token history: each starts from the last, tokens equal cold runs', async () => {
+  test('five chat turns over an 800-token history: each starts from the last; the first hit and the last equal cold runs', async () => {
     const engine = mlx.createEngine(model)
     try {
       const messages = [{ role: 'system', content: system(36) }]
@@ -65,9 +65,13 @@ describe('prefix cache on SmolLM2 (real weights, f32)', () => {
         prompt = encode(messages)
         const request = { promptTokens: prompt, maxTokens: 24, sessionId: 'chat-1' }
         const hot = await run(engine, request)
-        const ref = await run(cold, request)
-        assert.deepEqual(hot.tokens, ref.tokens, `turn ${turn}`)
-        assert.equal(ref.metrics.cachedTokens, 0)
+        // Against a cold run: the first hit and the last (each cold run is a 600- to 800-token
+        // prefill; the turns between start the same way).
+        if (turn === 1 || turn === 4) {
+          const ref = await run(cold, request)
+          assert.deepEqual(hot.tokens, ref.tokens, `turn ${turn}`)
+          assert.equal(ref.metrics.cachedTokens, 0)
+        }
         const expected = held ? Math.min(common(held, prompt), prompt.length - 1) : 0
         assert.equal(hot.metrics.cachedTokens, expected, `turn ${turn}`)
         if (turn > 0) assert.ok(expected > held.length - 29, `turn ${turn} reuses the history (${expected} of ${held.length})`)
@@ -157,8 +161,8 @@ describe('prefix cache on SmolLM2 (real weights, f32)', () => {
 describe('prefix cache on Gemma-3-270M (real weights, sliding-window layers)', () => {
   let model, tok, template
   before(async () => {
-    model = await mlx.loadModel(fixture('gemma3-bf16'))
-    tok = mlx.loadTokenizer(fixture('gemma3-bf16'))
+    model = await mlx.loadModel(fixture('gemma3-f32'))
+    tok = mlx.loadTokenizer(fixture('gemma3-f32'))
     // Neither fixture carries Gemma's chat template; this is its turn format.
     template = mlx.ChatTemplate.fromString(
       "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n" +
