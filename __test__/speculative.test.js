@@ -2,7 +2,9 @@
 // Speculative decoding on real weights: SmolLM2-135M f32 as the target, drafted by its Q4_1 GGUF
 // (the f32 folder is that GGUF dequantized, so the draft agrees on every greedy token here), by
 // the MLX 4-bit requantization of it (a draft that disagrees now and then: some proposals are
-// rejected), by itself, and by a random model with its vocabulary (almost nothing accepted).
+// rejected; loaded with f32Matmuls 'all', its products run five times faster on MLX's CPU backend
+// than bf16's quantized kernel), by itself, and by a random model with its vocabulary (almost
+// nothing accepted).
 // Greedy output must be mlx-lm's greedy output for the target, alone and in a batch with plain
 // rows.
 const { test, describe, before, after } = require('node:test')
@@ -25,7 +27,7 @@ describe('speculative decoding on SmolLM2 (real weights)', () => {
     tok = mlx.loadTokenizer(fixture('smollm2-f32'))
     target = await mlx.loadModel(fixture('smollm2-f32'))
     gguf = await mlx.loadModel(fixture('home/models/SmolLM2-135M-Instruct.Q4_1.gguf'))
-    q4 = await mlx.loadModel(fixture('smollm2-q4'))
+    q4 = await mlx.loadModel(fixture('smollm2-q4'), { f32Matmuls: 'all' })
     random = await mlx.loadModel(makeTinyLlama(path.join(tmpdir('draft'), 'tiny'), 3, { dims: { vocab: target.config.vocabSize } }))
     engine = mlx.createEngine(target)
   })
@@ -96,11 +98,11 @@ describe('speculative decoding on SmolLM2 (real weights)', () => {
 
   test('a seeded sampled run is reproducible', async () => {
     const r = ref.results[1]
-    const opts = { draftModel: gguf, temperature: 0.8, seed: 11, maxTokens: 24 }
+    const opts = { draftModel: gguf, temperature: 0.8, seed: 11, maxTokens: 12 }
     const x = await open(r, opts)
     const y = await open(r, opts)
     assert.deepEqual(Array.from(x.output), Array.from(y.output))
-    assert.equal(x.output.length, 24)
+    assert.equal(x.output.length, 12)
   })
 
   test('grammars under speculation: the tokens constrained decoding gives without a draft, also beside a plain row', async () => {
