@@ -132,13 +132,6 @@ impl PrefixCache {
         self.stats.shared_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
     }
 
-    /// Session `id` has ended: its entries stay, without the preference `take` gives them.
-    pub fn close_session(&mut self, id: &str) {
-        for e in self.entries.iter_mut().filter(|e| e.session.as_deref() == Some(id)) {
-            e.session = None;
-        }
-    }
-
     /// Bytes of the entries held.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -154,13 +147,6 @@ impl PrefixCache {
         self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         self.publish();
         true
-    }
-
-    /// Drops every entry (their memory goes back to MLX's buffer cache).
-    pub fn reclaim(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
-        self.publish();
     }
 
     fn publish(&self) {
@@ -231,11 +217,6 @@ mod tests {
         assert_eq!(hit.tokens, 12);
         let hit = p.take(&seq(0..30), "a", Some("chat-2")).unwrap();
         assert_eq!(hit.tokens, 20);
-        // A closed session's entry is an ordinary one.
-        p.put(seq(0..5), plain(5), "a", Some("chat-3"));
-        p.put(seq(0..9), plain(9), "a", None);
-        p.close_session("chat-3");
-        assert_eq!(p.take(&seq(0..30), "a", Some("chat-3")).unwrap().tokens, 9);
     }
 
     #[test]
