@@ -29,6 +29,7 @@ async function checkGreedy(folder, ref) {
 
 describe('Gemma-3-270M parity with mlx-lm', () => {
   const ref = readJson('ref-gemma-f32.json')
+  const bf16Ref = readJson('ref-gemma-bf16.json')
 
   test('the long prompt is longer than the sliding window', () => {
     assert.ok(ref.results.some((r) => r.prompt_ids.length > 512))
@@ -38,7 +39,7 @@ describe('Gemma-3-270M parity with mlx-lm', () => {
 
   // bf16 on MLX's CPU backend prefills the long prompt five times slower than f32, and the window
   // is the same code in either dtype: the short prompts here.
-  test('greedy tokens from the bf16 folder', () => checkGreedy('gemma3-bf16', readJson('ref-gemma-bf16.json')))
+  test('greedy tokens from the bf16 folder', () => checkGreedy('gemma3-bf16', bf16Ref))
 
   // The bf16 folder was written from the GGUF by our convert: loaded directly, the GGUF is the
   // same model bit for bit, so the bf16 tokens above hold for it too.
@@ -47,7 +48,7 @@ describe('Gemma-3-270M parity with mlx-lm', () => {
     try {
       assert.equal(gguf.config.modelType, 'gemma3_text')
       assert.deepEqual(gguf.config.text, folder.config.text)
-      for (const [i, r] of readJson('ref-gemma-bf16.json').results.entries()) {
+      for (const [i, r] of bf16Ref.results.entries()) {
         const [x, y] = [await gguf.logits(r.prompt_ids), await folder.logits(r.prompt_ids)]
         assert.equal(x.length, y.length)
         assert.ok(x.every((v, j) => v === y[j]), `prompt ${i} (${r.prompt_ids.length} tokens)`)

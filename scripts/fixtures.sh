@@ -24,6 +24,10 @@ BLAS=/usr/lib/$(uname -m)-linux-gnu/libopenblas.so.0
 PRELOAD=""; [ -f "$BLAS" ] && PRELOAD=$BLAS
 CHAT='{"messages": [{"role": "user", "content": "What is the capital of France?"}]}'
 TEXTS='{"text": "The quick brown fox"}, {"text": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}'
+run_ref() { # NAME: mlx-lm's outputs for $OUT/spec-NAME.json into $OUT/ref-NAME.json, whole or not at all
+  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-$1.json" "$OUT/ref-$1.json.part"
+  mv "$OUT/ref-$1.json.part" "$OUT/ref-$1.json"
+}
 reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS] [PROMPTS]
   local spec="$OUT/spec-$1.json"
   [ -f "$OUT/ref-$1.json" ] && return
@@ -38,8 +42,7 @@ reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS] [PROMPTS]
    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}], "add_generation_prompt": true},
    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "add_generation_prompt": false}]}
 JSON
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$spec" "$OUT/ref-$1.json.part"
-  mv "$OUT/ref-$1.json.part" "$OUT/ref-$1.json"
+  run_ref "$1"
 }
 reference f32 smollm2-f32 64 true
 # The two text prompts only: MLX's CPU kernel for this 4-bit layout prefills about a token a
@@ -85,8 +88,7 @@ tiny_kv() { # BITS (made again with the tiny models)
  "kv_bits": $1, "kv_group_size": 32, "quantized_kv_start": 0,
  "prompts": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $long}]}
 JSON
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-tiny-kv$1.json" "$OUT/ref-tiny-kv$1.json.part"
-  mv "$OUT/ref-tiny-kv$1.json.part" "$OUT/ref-tiny-kv$1.json"
+  run_ref "tiny-kv$1"
 }
 tiny_kv 8
 tiny_kv 4
@@ -104,8 +106,7 @@ if [ ! -f "$OUT/ref-embed.json" ]; then
   {"text": "Unicode: café naïve 日本語のテキスト 🤗"},
   {"text": "$LONG"}]}
 JSON
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-embed.json" "$OUT/ref-embed.json.part"
-  mv "$OUT/ref-embed.json.part" "$OUT/ref-embed.json"
+  run_ref "embed"
 fi
 if [ ! "$OUT/ref-tiny-embed.json" -nt "$OUT/tiny/tiny_models.sha256" ]; then
   LONG=$(.venv/bin/python -c "print([(11 * i + 5) % 250 + 2 for i in range(2100)])")
@@ -113,8 +114,7 @@ if [ ! "$OUT/ref-tiny-embed.json" -nt "$OUT/tiny/tiny_models.sha256" ]; then
 {"model": "$OUT/tiny/qwen3", "tokenizer": false,
  "embed": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $LONG}, {"ids": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46]}]}
 JSON
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-tiny-embed.json" "$OUT/ref-tiny-embed.json.part"
-  mv "$OUT/ref-tiny-embed.json.part" "$OUT/ref-tiny-embed.json"
+  run_ref "tiny-embed"
 fi
 
 # Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and two folders made by our convert.
@@ -136,8 +136,7 @@ gemma_ref() { # NAME FOLDER MAX_TOKENS PROMPTS [EXTRA SPEC FIELDS]
 {"model": "$OUT/$2", "max_tokens": $3, "logits": false, ${5:-}
  "prompts": [$4]}
 JSON
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/mlx_lm_ref.py "$OUT/spec-$1.json" "$OUT/ref-$1.json.part"
-  mv "$OUT/ref-$1.json.part" "$OUT/ref-$1.json"
+  run_ref "$1"
 }
 GEMMA_SHORT='{"text": "The capital of France is"}, {"text": "def fibonacci(n):"}'
 LONG=$(.venv/bin/python -c "print(' '.join(['The history of the printing press begins in the fifteenth century, when movable type changed how books were made, sold and read across Europe.'] * 24))")
