@@ -3,7 +3,8 @@
 // (llama, llama with Llama 3 RoPE, mistral all-sliding and mixed, qwen2, qwen3, gemma3_text, phi3,
 // phi3 with partial rotary + su RoPE, gemma, gemma2 with both soft-caps, smollm3 with NoPE and
 // sliding layers, olmo2, glm4, granite with its multipliers, starcoder2, minicpm, qwen3_moe with
-// dense and expert layers), each as an f32
+// dense and expert layers, gemma4_text as E2B/E4B are (per-layer inputs, KV shared between layers)
+// and as 26B-A4B is (experts beside the MLP, keys as values)), each as an f32
 // folder and an MLX 4-bit g32 copy. Folders and references are made by scripts/tiny_models.py
 // into <fixtures>/tiny.
 const { test, describe } = require('node:test')
@@ -12,7 +13,7 @@ const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
-const { fixture, readJson, collect, within, writeGguf, tmpdir } = require('./helpers')
+const { fixture, readJson, collect, within, writeGguf, writeSafetensors, tmpdir } = require('./helpers')
 
 function loadRef() {
   try {
@@ -46,7 +47,7 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
@@ -120,6 +121,38 @@ describe('architectures: rows of one continuous batch equal each alone', () => {
         assert.ok(mlx.testing.batchCounts().rows > before, 'decode ran batched')
         for (const [i, t] of together.entries()) assertTokens(t, alone[i], `${m.name} row ${i} in the batch`)
       } finally {
+        model.dispose()
+      }
+    })
+  }
+})
+
+describe('architectures: a next turn starts from the prefix cache and equals a cold run', () => {
+  for (const m of ref.models.filter((m) => !m.quantized)) {
+    test(`${m.name}: a hit past the sliding window, alone and beside a cold row`, { timeout: 120_000 }, async () => {
+      const model = await mlx.loadModel(fixture(`tiny/${m.path}`))
+      const engine = mlx.createEngine(model, { maxActive: 4 })
+      const cold = mlx.createEngine(model, { prefixCacheBytes: 0 })
+      try {
+        const run = async (e, promptTokens) => {
+          const o = await within(e.open({ promptTokens, maxTokens: 8, eosTokenIds: [] }, { output: 'collect' }).result, 'a collect session', 60_000)
+          assert.equal(o.status, 'completed', JSON.stringify(o.error))
+          return { tokens: Array.from(o.output), metrics: o.result.metrics }
+        }
+        // The long prompt (40 ids) wraps the tiny models' 16-position windows.
+        const base = m.prompts[1].ids
+        const first = await run(engine, base)
+        const held = [...base, ...first.tokens].slice(0, first.metrics.cacheTokens)
+        const next = [...held, 9, 8, 7]
+        const other = [...m.prompts[0].ids, 3, 4]
+        const [hot, beside] = await Promise.all([run(engine, next), run(engine, other)])
+        assert.ok(held.length > 40, `${held.length} positions held`)
+        assert.equal(hot.metrics.cachedTokens, held.length, 'the next turn starts from what the last one left')
+        assert.deepEqual(hot.tokens, (await run(cold, next)).tokens)
+        assert.deepEqual(beside.tokens, (await run(cold, other)).tokens)
+      } finally {
+        await engine.close()
+        await cold.close()
         model.dispose()
       }
     })
@@ -232,4 +265,63 @@ describe('architectures: GGUF files in llama.cpp\'s layout equal their folders',
       }
     })
   }
+})
+
+describe('architectures: Gemma 4 as published (Hugging Face layout)', () => {
+  // The tiny multimodal-wrapped Gemma 4 written back in the published layout, which mlx-lm's
+  // sanitize maps onto its own: the text model under model.language_model, each layer's experts
+  // as one gate_up_proj (gate rows first) and one down_proj, keys, values and key norms for the
+  // shared layers that never use them, a vision tower the text model does not read.
+  test('gives the logits and tokens of mlx-lm on its own layout', { timeout: 120_000 }, async () => {
+    const m = ref.models.find((x) => x.name === 'gemma4')
+    const dir = tmpdir('gemma4-hf')
+    const cfg = JSON.parse(fs.readFileSync(fixture('tiny/gemma4/config.json'), 'utf8'))
+    const f32 = (t) => new Float32Array(t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.length))
+    const tensors = {}
+    const src = readSafetensors(fixture('tiny/gemma4/model.safetensors'))
+    for (const [name, t] of Object.entries(src)) {
+      const hf = name.replace(/^language_model\.model\./, 'model.language_model.')
+      const up = name.replace('.switch_glu.gate_proj.weight', '.switch_glu.up_proj.weight')
+      if (name.endsWith('.switch_glu.gate_proj.weight')) {
+        const [e, h, d] = t.shape
+        const gate = f32(t)
+        const upData = f32(src[up])
+        const data = new Float32Array(e * 2 * h * d)
+        for (let i = 0; i < e; i++) {
+          data.set(gate.subarray(i * h * d, (i + 1) * h * d), i * 2 * h * d)
+          data.set(upData.subarray(i * h * d, (i + 1) * h * d), (i * 2 + 1) * h * d)
+        }
+        tensors[hf.replace('.switch_glu.gate_proj.weight', '.gate_up_proj')] = { shape: [e, 2 * h, d], data }
+      } else if (name.endsWith('.switch_glu.down_proj.weight')) {
+        tensors[hf.replace('.switch_glu.down_proj.weight', '.down_proj')] = { shape: t.shape, data: f32(t) }
+      } else if (!name.endsWith('.switch_glu.up_proj.weight')) {
+        tensors[hf] = { shape: t.shape, data: f32(t) }
+      }
+    }
+    const tc = cfg.text_config
+    const firstShared = tc.num_hidden_layers - tc.num_kv_shared_layers
+    const noise = (n) => Float32Array.from({ length: n }, (_, i) => Math.sin(i) * 100)
+    for (let i = firstShared; i < tc.num_hidden_layers; i++) {
+      const hd = (i + 1) % tc.sliding_window_pattern === 0 ? tc.global_head_dim : tc.head_dim
+      const p = `model.language_model.layers.${i}.self_attn`
+      tensors[`${p}.k_proj.weight`] = { shape: [tc.num_key_value_heads * hd, tc.hidden_size], data: noise(tc.num_key_value_heads * hd * tc.hidden_size) }
+      tensors[`${p}.v_proj.weight`] = { shape: [tc.num_key_value_heads * hd, tc.hidden_size], data: noise(tc.num_key_value_heads * hd * tc.hidden_size) }
+      tensors[`${p}.k_norm.weight`] = { shape: [hd], data: noise(hd) }
+    }
+    tensors['model.vision_tower.encoder.weight'] = { shape: [4, 4], data: noise(16) }
+    writeSafetensors(path.join(dir, 'model.safetensors'), tensors)
+    fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(cfg))
+    const model = await mlx.loadModel(dir)
+    try {
+      assert.equal(model.config.modelType, 'gemma4')
+      for (const p of m.prompts) {
+        const ours = await model.logits(p.ids)
+        const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
+        assert.ok(max <= 1e-4, `max |logit diff| ${max}`)
+        assertTokens(await greedy(model, p.ids), p.tokens, `prompt of ${p.ids.length} ids`)
+      }
+    } finally {
+      model.dispose()
+    }
+  })
 })

@@ -35,6 +35,18 @@ MODELS = {
         "mlp_only_layers": [], "moe_intermediate_size": 256, "norm_topk_prob": True,
         "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
     },
+    # Gemma 4 as E2B is, scaled down: 8 layers (every 4th global, 128-wide heads, the others
+    # sliding over 512 with 64-wide ones, one KV head), the last 3 sharing keys and values,
+    # per-layer inputs of 64 per layer: ~100M parameters.
+    "gemma4_text": {
+        "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 512,
+        "num_hidden_layers": 8, "intermediate_size": 1536, "num_attention_heads": 8,
+        "num_key_value_heads": 1, "head_dim": 64, "global_head_dim": 128, "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 64,
+        "num_kv_shared_layers": 3, "sliding_window": 512, "sliding_window_pattern": 4,
+        "max_position_embeddings": 32768, "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True, "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
+    },
 }
 
 

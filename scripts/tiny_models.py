@@ -173,6 +173,62 @@ ARCHS = [
         "decoder_sparse_step": 1, "mlp_only_layers": [0], "moe_intermediate_size": 32,
         "norm_topk_prob": True,
     }),
+    # Gemma 4 as its small models are (E2B/E4B): per-layer input embeddings, the last 2 of 6
+    # layers reusing the keys and values of the last earlier layer of their kind, their MLPs twice
+    # as wide; sliding layers with head_dim 16 and full ones with 32, rotated over a quarter of
+    # their features (proportional RoPE); logits soft-capped at a cap tiny weights reach.
+    ("gemma4_text", 1900, {
+        "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 6,
+        "head_dim": 16, "global_head_dim": 32, "sliding_window": WINDOW, "sliding_window_pattern": 3,
+        "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 32,
+        "vocab_size_per_layer_input": 256, "final_logit_softcapping": 8.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True, "enable_moe_block": False,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    }),
+    # Gemma 4 as its 26B-A4B is: a mixture of experts beside each dense MLP, full layers whose
+    # values are their keys (one global KV head), explicit layer types, an untied output.
+    ("gemma4_text_moe", 2000, {
+        "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 3,
+        "head_dim": 16, "global_head_dim": 32, "sliding_window": WINDOW,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1, "enable_moe_block": True, "num_experts": 6,
+        "top_k_experts": 2, "moe_intermediate_size": 32, "final_logit_softcapping": 8.0,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    }),
+    # Gemma 4 with full-attention layers only, so rows of a batch stack into one cache and the
+    # shared layers borrow the stacked keys and values.
+    ("gemma4_text_full", 2200, {
+        "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 4,
+        "head_dim": 16, "global_head_dim": 32, "layer_types": ["full_attention"] * 4,
+        "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.5, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        },
+    }),
+    # Gemma 4 as published (model_type gemma4: towers for images and audio beside the text model;
+    # mlx-lm runs the text model from text_config, whose vocabulary is the top level's): every
+    # text-model branch at once (per-layer inputs, shared KV, experts, keys as values).
+    ("gemma4", 2100, {
+        "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "vocab_size": 256,
+        "text_config": {
+            **BASE, "model_type": "gemma4_text", "num_hidden_layers": 5, "head_dim": 16,
+            "global_head_dim": 32, "sliding_window": WINDOW, "sliding_window_pattern": 2,
+            "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 32,
+            "vocab_size_per_layer_input": 256, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+            "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32,
+            "final_logit_softcapping": 8.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+        },
+    }),
     # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
     # model does not have).
     ("minicpm", 1700, {
@@ -245,11 +301,13 @@ def build_model(name, cfg):
 
 def reinit(model, model_type):
     """Embedding std 0.3 (0.1 for Gemma; non-degenerate logits); norm weights randomised around their identity
-    (1 for RMSNorm, 0 for Gemma's (1 + w) RMSNorm) so a wrong norm convention shows, LayerNorm
+    (1 for RMSNorm, 0 for Gemma 1-3's (1 + w) RMSNorm) so a wrong norm convention shows, LayerNorm
     biases around 0; everything
     else is mlx-lm's own init (uniform +-1/sqrt(fan_in)) times W_SCALE, so the blocks move the
     residual stream away from the input embedding (else tied models just echo the last token)."""
     gemma = model_type.startswith("gemma")
+    # Gemma 4's norms are plain RMSNorms (weight = scale), unlike Gemma 1-3's (1 + w).
+    identity = 1.0 if model_type in ("gemma4", "gemma4_text") or not gemma else 0.0
 
     def f(path, v):
         if path.endswith("embed_tokens.weight"):
@@ -257,14 +315,17 @@ def reinit(model, model_type):
             # from echoing its last token forever.
             return (0.1 if gemma else 0.3) * mx.random.normal(v.shape)
         if "norm" in path.split(".")[-2] and path.endswith(".weight"):
-            centre = 0.0 if gemma else 1.0
+            centre = identity
             if gemma and ".post_" in path:
                 # Gemma's post-norms set the size of each block's residual update; x3 so the
                 # blocks are not drowned by the sqrt(hidden)-scaled embedding.
-                centre = 2.0
+                centre = identity + 2.0
             return centre + 0.2 * mx.random.normal(v.shape)
         if "norm" in path.split(".")[-2] and path.endswith(".bias"):
             return 0.2 * mx.random.normal(v.shape)
+        if path.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+            # Gemma 4's multipliers start at 1: randomised around it like the norms.
+            return 1.0 + 0.2 * mx.random.normal(v.shape)
         return W_SCALE * v
 
     model.update(tree_map_with_path(f, model.parameters()))
@@ -312,17 +373,28 @@ def greedy(model, ids, prefill_step_size=2048):
 def experts_reached(model, ids):
     """Per mixture-of-experts layer, the experts mlx-lm's router picks for any token of `ids` in
     one forward (None for a dense model): the block's own routing, recomputed beside it."""
-    blocks = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "switch_mlp")]
-    if not blocks:
-        return None
-    seen, cls = [], type(blocks[0])
-    original = cls.__call__
+    seen = []
+    reached = lambda inds: seen.append(sorted(set(int(i) for i in np.array(inds).flatten())))  # noqa: E731
+    blocks = [layer.mlp for layer in model.layers if hasattr(getattr(layer, "mlp", None), "switch_mlp")]
+    routers = [layer.router for layer in model.layers if hasattr(layer, "router")]
+    if blocks:
+        cls = type(blocks[0])
+        original = cls.__call__
 
-    def spy(self, x):
-        gates = mx.softmax(self.gate(x), axis=-1, precise=True)
-        inds = mx.argpartition(gates, kth=-self.top_k, axis=-1)[..., -self.top_k:]
-        seen.append(sorted(set(int(i) for i in np.array(inds).flatten())))
-        return original(self, x)
+        def spy(self, x):
+            gates = mx.softmax(self.gate(x), axis=-1, precise=True)
+            reached(mx.argpartition(gates, kth=-self.top_k, axis=-1)[..., -self.top_k:])
+            return original(self, x)
+    elif routers:  # Gemma 4: the router returns the indices it picks
+        cls = type(routers[0])
+        original = cls.__call__
+
+        def spy(self, x):
+            inds, weights = original(self, x)
+            reached(inds)
+            return inds, weights
+    else:
+        return None
 
     cls.__call__ = spy
     try:

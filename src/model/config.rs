@@ -121,6 +121,7 @@ impl ModelConfig {
     }
 
     pub fn from_value(raw: Value, source: PathBuf) -> Result<Self> {
+        let raw = language_model(raw);
         let f = Fields { raw: &raw, source: &source };
         let model_type = f.str("model_type")?;
         let hidden_size = f.usize("hidden_size")?;
@@ -183,6 +184,27 @@ impl ModelConfig {
         };
         Ok(cfg)
     }
+}
+
+/// A multimodal checkpoint's language model as mlx-lm runs it: `gemma4` (Gemma 4 E2B/E4B, 26B,
+/// 31B as published, towers for images and audio beside the text model) holds the text model's
+/// config in `text_config`, whose vocabulary is the top level's (mlx-lm's `gemma4.ModelArgs`).
+/// The text config becomes the top level; the wrapper's type, quantization block and token ids
+/// stay, so the weights' names and quantized layers are found as the file has them.
+fn language_model(raw: Value) -> Value {
+    let (Some("gemma4"), Some(Value::Object(text))) = (raw.get("model_type").and_then(Value::as_str), raw.get("text_config")) else {
+        return raw;
+    };
+    let mut merged = text.clone();
+    merged.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
+    merged.entry("num_attention_heads").or_insert(Value::from(8));
+    merged.entry("num_key_value_heads").or_insert(Value::from(1));
+    for key in ["model_type", "architectures", "quantization", "quantization_config", "eos_token_id", "bos_token_id", "pad_token_id", "torch_dtype", "text_config"] {
+        if let Some(v) = raw.get(key) {
+            merged.insert(key.into(), v.clone());
+        }
+    }
+    Value::Object(merged)
 }
 
 /// Reads `kv_config.json` (a list of `{layer_idx, bits, group_size}`), checking every number

@@ -2,13 +2,12 @@
 //! (optionally scaled), a stack of attention + feed-forward blocks (pre-norm and/or post-norm,
 //! residual updates optionally scaled), a final norm and the output projection (optionally
 //! scaled or soft-capped). Architectures differ only in how they fill these parts.
-use mlx_rs::transforms::eval;
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 use super::blocks::{softcap, FeedForward, Norm};
 use super::config::ModelConfig;
-use super::layers::{scalar, Activation, Attention, AttentionSpec, Embedding, Linear, Mlp, RmsNorm};
+use super::attention::{Attention, AttentionSpec};
+use super::layers::{scalar, Activation, Embedding, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
 use super::{LanguageModel, Logits, StepContext, Tokens};
 use crate::cache::{CacheView, KvCache, LayerCache, RotatingKvCache, StepShape};
@@ -200,22 +199,10 @@ impl LanguageModel for Decoder {
         let last = self.layers.len() - 1;
         for (j, layer) in self.layers.iter().enumerate() {
             h = layer.forward(&h, &mut cache, j, &shape)?;
-            // Layer by layer, a step that takes minutes on a CPU ends early when `check` fails (a
-            // cancelled request, an exit). Evaluating part of the graph earlier runs the same
-            // kernels on the same inputs. The last layer's output is left to what follows.
-            if let Some(check) = ctx.check.filter(|_| j < last) {
-                h.eval()?;
-                check()?;
-            }
+            ctx.after_layer(&h, j, last)?;
         }
-        cache.end(&shape);
-        let h = match ctx.logits {
-            Logits::None => {
-                eval(cache.state())?;
-                return Ok(None);
-            }
-            Logits::Last | Logits::LastHidden => h.index((.., -1.., ..)),
-            Logits::All => h,
+        let Some(h) = ctx.finish(h, &mut cache, &shape)? else {
+            return Ok(None);
         };
         let mut h = self.norm.forward(&h)?;
         if ctx.logits == Logits::LastHidden {

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 use super::config::{ModelConfig, QuantParams};
-use super::layers::{swiglu, Linear};
+use super::layers::{Activation, Linear};
 use super::weights::Weights;
 use crate::error::{Error, Result};
 
@@ -48,27 +48,28 @@ enum SwitchLinear {
 
 impl SwitchLinear {
     /// `<path>.weight` stacked ([experts, out, in], quantized with `.scales`/`.biases` as mlx-lm
-    /// saves it), or, in a Hugging Face checkpoint, one `<experts>.<e>.<name>.weight` per expert.
-    fn load(w: &Weights, cfg: &ModelConfig, mlp: &str, name: &str, e: &ExpertsConfig, out: usize, inp: usize) -> Result<Self> {
-        let path = format!("{mlp}.switch_mlp.{name}");
+    /// saves it), or, in a Hugging Face checkpoint, one `<each>.<e>.<name>.weight` per expert.
+    fn load(w: &Weights, cfg: &ModelConfig, path: &str, each: Option<(&str, &str)>, experts: usize, out: usize, inp: usize) -> Result<Self> {
         if w.has(&format!("{path}.scales")) {
-            let q = cfg.quantization.as_ref().and_then(|q| q.params_for(&path)).ok_or_else(|| Error::tensor(format!("{path}.scales"), "quantized tensor but config.json does not quantize it"))?;
+            let q = cfg.quantization.as_ref().and_then(|q| q.params_for(path)).ok_or_else(|| Error::tensor(format!("{path}.scales"), "quantized tensor but config.json does not quantize it"))?;
             let (gs, bits) = (q.group_size as usize, q.bits as usize);
             if inp % gs != 0 || (inp * bits) % 32 != 0 {
                 return Err(Error::tensor(format!("{path}.weight"), format!("rows of {inp} cannot be quantized in groups of {gs} at {bits} bits")));
             }
             return Ok(SwitchLinear::Quantized {
-                weight: w.array_shaped(&format!("{path}.weight"), &[e.num_experts, out, inp * bits / 32])?,
-                scales: w.array_shaped(&format!("{path}.scales"), &[e.num_experts, out, inp / gs])?,
-                biases: w.array_shaped(&format!("{path}.biases"), &[e.num_experts, out, inp / gs])?,
+                weight: w.array_shaped(&format!("{path}.weight"), &[experts, out, inp * bits / 32])?,
+                scales: w.array_shaped(&format!("{path}.scales"), &[experts, out, inp / gs])?,
+                biases: w.array_shaped(&format!("{path}.biases"), &[experts, out, inp / gs])?,
                 params: q,
             });
         }
-        if w.has(&format!("{path}.weight")) {
-            return Ok(SwitchLinear::Dense(w.array_shaped(&format!("{path}.weight"), &[e.num_experts, out, inp])?));
+        match each {
+            Some((prefix, name)) if !w.has(&format!("{path}.weight")) => {
+                let each = (0..experts).map(|i| w.array_shaped(&format!("{prefix}.{i}.{name}.weight"), &[out, inp])).collect::<Result<Vec<_>>>()?;
+                Ok(SwitchLinear::Dense(ops::stack(&each, 0)?))
+            }
+            _ => Ok(SwitchLinear::Dense(w.array_shaped(&format!("{path}.weight"), &[experts, out, inp])?)),
         }
-        let each = (0..e.num_experts).map(|i| w.array_shaped(&format!("{mlp}.experts.{i}.{name}.weight"), &[out, inp])).collect::<Result<Vec<_>>>()?;
-        Ok(SwitchLinear::Dense(ops::stack(&each, 0)?))
     }
 
     /// `x · W[idx]ᵀ` for each index: x [..., 1, in] with idx [...] → [..., 1, out].
@@ -82,47 +83,32 @@ impl SwitchLinear {
     }
 }
 
-/// Each token's top-k experts (SwiGLU MLPs) weighted by the router's scores.
-pub struct SparseMoe {
-    router: Linear,
+/// Every expert's gated MLP (mlx-lm's `SwitchGLU`), run for each token's chosen experts.
+pub struct SwitchGlu {
     gate_proj: SwitchLinear,
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
-    top_k: i32,
-    norm_topk_prob: bool,
+    activation: Activation,
 }
 
-impl SparseMoe {
-    /// `<path>.gate` (the router) and the experts of `<path>.switch_mlp` (or `<path>.experts`).
-    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, e: &ExpertsConfig) -> Result<Self> {
-        let (d, h) = (cfg.hidden_size, e.intermediate_size);
-        Ok(SparseMoe {
-            router: Linear::load(w, cfg, &format!("{path}.gate"), e.num_experts, d, false)?,
-            gate_proj: SwitchLinear::load(w, cfg, path, "gate_proj", e, h, d)?,
-            up_proj: SwitchLinear::load(w, cfg, path, "up_proj", e, h, d)?,
-            down_proj: SwitchLinear::load(w, cfg, path, "down_proj", e, d, h)?,
-            top_k: e.top_k as i32,
-            norm_topk_prob: e.norm_topk_prob,
-        })
+impl SwitchGlu {
+    /// `<path>.{gate,up,down}_proj` stacked over `experts`, or a Hugging Face checkpoint's
+    /// `<each>.<e>.<name>` per expert; `hidden`: each expert's width.
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, each: Option<&str>, experts: usize, hidden: usize, activation: Activation) -> Result<Self> {
+        let d = cfg.hidden_size;
+        let proj = |name: &str, out: usize, inp: usize| SwitchLinear::load(w, cfg, &format!("{path}.{name}"), each.map(|e| (e, name)), experts, out, inp);
+        Ok(SwitchGlu { gate_proj: proj("gate_proj", hidden, d)?, up_proj: proj("up_proj", hidden, d)?, down_proj: proj("down_proj", d, hidden)?, activation })
     }
 
-    pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gates = ops::softmax_axis(self.router.forward(x)?, -1, true)?;
-        let experts = gates.shape()[gates.ndim() - 1];
-        let inds = ops::argpartition_axis(&gates, experts - self.top_k, -1)?.index((.., .., experts - self.top_k..));
-        let mut scores = gates.take_along_axis(&inds, -1)?;
-        if self.norm_topk_prob {
-            scores = ops::divide(&scores, ops::sum_axis(&scores, -1, true)?)?;
-        }
-        let y = self.experts(x, &inds)?;
-        let weighted = ops::multiply(&y, ops::expand_dims(&scores, -1)?)?;
-        Ok(ops::sum_axis(&weighted, -2, false)?.as_dtype(y.dtype())?)
+    /// Dense stacked projections: gate and up [experts, hidden, d], down [experts, d, hidden].
+    pub fn dense(gate: Array, up: Array, down: Array, activation: Activation) -> Self {
+        SwitchGlu { gate_proj: SwitchLinear::Dense(gate), up_proj: SwitchLinear::Dense(up), down_proj: SwitchLinear::Dense(down), activation }
     }
 
-    /// SwitchGLU: x [B, L, D] through experts `inds` [B, L, k] → [B, L, k, D]. From 64 (token,
-    /// expert) pairs on, the pairs are sorted by expert first, as mlx-lm does, so that each
-    /// expert's weights are read once per step.
-    fn experts(&self, x: &Array, inds: &Array) -> Result<Array> {
+    /// x [B, L, D] through experts `inds` [B, L, k] → [B, L, k, D]. From 64 (token, expert) pairs
+    /// on, the pairs are sorted by expert first, as mlx-lm does, so that each expert's weights
+    /// are read once per step.
+    pub fn forward(&self, x: &Array, inds: &Array) -> Result<Array> {
         let x = ops::expand_dims_axes(x, &[-2, -3])?;
         let sort = inds.size() >= 64;
         let (x, idx, inverse) = if sort {
@@ -137,7 +123,7 @@ impl SparseMoe {
         };
         let up = self.up_proj.forward(&x, &idx, sort)?;
         let gate = self.gate_proj.forward(&x, &idx, sort)?;
-        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, sort)?;
+        let mut y = self.down_proj.forward(&self.activation.gated(&gate, &up)?, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut shape = inds.shape().to_vec();
             shape.extend_from_slice(&y.shape()[1..]);
@@ -146,3 +132,38 @@ impl SparseMoe {
         Ok(y.squeeze_axes(&[-2])?)
     }
 }
+
+/// Each token's top-k experts (SwiGLU MLPs) weighted by the router's scores.
+pub struct SparseMoe {
+    router: Linear,
+    experts: SwitchGlu,
+    top_k: i32,
+    norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// `<path>.gate` (the router) and the experts of `<path>.switch_mlp` (or `<path>.experts`).
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, e: &ExpertsConfig) -> Result<Self> {
+        let each = format!("{path}.experts");
+        Ok(SparseMoe {
+            router: Linear::load(w, cfg, &format!("{path}.gate"), e.num_experts, cfg.hidden_size, false)?,
+            experts: SwitchGlu::load(w, cfg, &format!("{path}.switch_mlp"), Some(&each), e.num_experts, e.intermediate_size, Activation::Silu)?,
+            top_k: e.top_k as i32,
+            norm_topk_prob: e.norm_topk_prob,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let gates = ops::softmax_axis(self.router.forward(x)?, -1, true)?;
+        let experts = gates.shape()[gates.ndim() - 1];
+        let inds = ops::argpartition_axis(&gates, experts - self.top_k, -1)?.index((.., .., experts - self.top_k..));
+        let mut scores = gates.take_along_axis(&inds, -1)?;
+        if self.norm_topk_prob {
+            scores = ops::divide(&scores, ops::sum_axis(&scores, -1, true)?)?;
+        }
+        let y = self.experts.forward(x, &inds)?;
+        let weighted = ops::multiply(&y, ops::expand_dims(&scores, -1)?)?;
+        Ok(ops::sum_axis(&weighted, -2, false)?.as_dtype(y.dtype())?)
+    }
+}
+

@@ -3,7 +3,8 @@
 //! output projection tied to the embedding. Every layer attends globally.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, RmsNorm};
+use super::attention::{Attention, AttentionSpec};
+use super::layers::{Activation, Mlp, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;

@@ -5,7 +5,8 @@
 //! attends globally in every layer (it has no sliding-window layers for Gemma 2).
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder, OutputScaling};
-use super::layers::{AttentionSpec, RmsNorm};
+use super::attention::AttentionSpec;
+use super::layers::RmsNorm;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;

@@ -5,7 +5,8 @@
 //! rope_local_base_freq.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{AttentionSpec, NormKind, RmsNorm};
+use super::attention::{AttentionSpec, NormKind};
+use super::layers::RmsNorm;
 use super::rope::Rope;
 use super::weights::Weights;
 use super::Sliding;

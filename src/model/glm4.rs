@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, RmsNorm};
+use super::attention::{Attention, AttentionSpec};
+use super::layers::{Activation, Mlp, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::{Error, Result};

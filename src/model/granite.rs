@@ -4,7 +4,7 @@
 //! `logits_scaling` — with optional projection biases and head_dim = hidden / heads.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder, OutputScaling};
-use super::layers::AttentionSpec;
+use super::attention::AttentionSpec;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;

@@ -1,5 +1,5 @@
 //! Building blocks shared by every architecture: linear and embedding layers (dense or MLX affine
-//! quantized), RMSNorm, attention with a KV cache (RoPE in rope.rs), and gated MLPs. Scalars that
+//! quantized), RMSNorm and gated MLPs (attention in attention.rs, RoPE in rope.rs). Scalars that
 //! meet activations are cast to the activation dtype first, as Python's weak scalars are in
 //! mlx-lm, so bf16 models stay bf16 and match it bit for bit.
 use std::ops::Range;
@@ -7,14 +7,11 @@ use std::ops::Range;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
-use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::{fast, ops, Array, Dtype};
 
-use super::blocks::{gelu, softcapped_attention};
+use super::blocks::gelu;
 use super::config::{ModelConfig, QuantParams};
-use super::rope::Rope;
 use super::weights::{F32Matmuls, Weights};
-use crate::cache::{CacheView, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
 use crate::mlx::backend;
 
@@ -259,6 +256,11 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.array_shaped(&format!("{path}.weight"), &[dim])?, eps })
     }
 
+    /// An RMSNorm with this weight, computed elsewhere.
+    pub fn from_weight(weight: Array, eps: f32) -> Self {
+        RmsNorm { weight, eps }
+    }
+
     /// Gemma's RMSNorm scales by (1 + weight); computed once, in the weight's dtype.
     pub fn load_offset(w: &Weights, path: &str, dim: usize, eps: f32) -> Result<Self> {
         let weight = w.array_shaped(&format!("{path}.weight"), &[dim])?;
@@ -270,232 +272,6 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
-}
-
-/// How the query/key/value projections are stored.
-enum Qkv {
-    Separate { q: Linear, k: Linear, v: Linear },
-    /// Phi-3's single `qkv_proj`, split after the matmul.
-    Fused(Linear),
-}
-
-/// The variations of attention across architectures.
-pub struct AttentionSpec {
-    pub head_dim: usize,
-    pub qkv_bias: bool,
-    pub o_bias: bool,
-    pub fused_qkv: bool,
-    /// RMSNorm over each head of q and k (Qwen3, Gemma 3; Gemma's is (1 + w)).
-    pub qk_norm: Option<NormKind>,
-    pub scale: f32,
-    pub rope: Rope,
-    /// Gemma 2 caps the attention scores at ± this (cap · tanh(s / cap)).
-    pub softcap: Option<f32>,
-}
-
-impl AttentionSpec {
-    /// Separate q/k/v projections without biases or norms, scores scaled by head_dim^-½.
-    pub fn plain(head_dim: usize, rope: Rope) -> Self {
-        AttentionSpec { head_dim, qkv_bias: false, o_bias: false, fused_qkv: false, qk_norm: None, scale: (head_dim as f32).powf(-0.5), rope, softcap: None }
-    }
-}
-
-#[derive(Clone, Copy)]
-pub enum NormKind {
-    Plain,
-    Offset,
-    /// Plain, over all heads of the q or k projection at once, before the split (OLMo 2).
-    Whole,
-}
-
-fn load_norm(kind: NormKind, w: &Weights, path: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
-    match kind {
-        NormKind::Plain | NormKind::Whole => RmsNorm::load(w, path, dim, eps),
-        NormKind::Offset => RmsNorm::load_offset(w, path, dim, eps),
-    }
-}
-
-/// Multi-head attention with grouped KV heads, RoPE and a KV cache, through MLX's fused SDPA.
-pub struct Attention {
-    qkv: Qkv,
-    o_proj: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    /// The q/k norms apply to whole projections rather than to each head.
-    qk_norm_whole: bool,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
-    rope: Rope,
-    softcap: Option<f32>,
-}
-
-impl Attention {
-    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, spec: AttentionSpec) -> Result<Self> {
-        let (d, hd) = (cfg.hidden_size, spec.head_dim);
-        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let qkv = if spec.fused_qkv {
-            Qkv::Fused(Linear::load(w, cfg, &format!("{path}.qkv_proj"), (nh + 2 * nkv) * hd, d, spec.qkv_bias)?)
-        } else {
-            Qkv::Separate {
-                q: Linear::load(w, cfg, &format!("{path}.q_proj"), nh * hd, d, spec.qkv_bias)?,
-                k: Linear::load(w, cfg, &format!("{path}.k_proj"), nkv * hd, d, spec.qkv_bias)?,
-                v: Linear::load(w, cfg, &format!("{path}.v_proj"), nkv * hd, d, spec.qkv_bias)?,
-            }
-        };
-        let whole = matches!(spec.qk_norm, Some(NormKind::Whole));
-        let norm = |name: &str, heads: usize| -> Result<Option<RmsNorm>> {
-            let dim = if whole { heads * hd } else { hd };
-            spec.qk_norm.map(|k| load_norm(k, w, &format!("{path}.{name}"), dim, cfg.rms_norm_eps)).transpose()
-        };
-        Ok(Attention {
-            qkv,
-            o_proj: Linear::load(w, cfg, &format!("{path}.o_proj"), d, nh * hd, spec.o_bias)?,
-            q_norm: norm("q_norm", nh)?,
-            k_norm: norm("k_norm", nkv)?,
-            qk_norm_whole: whole,
-            n_heads: nh as i32,
-            n_kv_heads: nkv as i32,
-            head_dim: hd as i32,
-            scale: spec.scale,
-            rope: spec.rope,
-            softcap: spec.softcap,
-        })
-    }
-
-    /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (mut q, mut k, v) = match &self.qkv {
-            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
-            Qkv::Fused(p) => {
-                let qkv = p.forward(x)?;
-                let qn = self.n_heads * self.head_dim;
-                let kn = self.n_kv_heads * self.head_dim;
-                (qkv.index((.., .., ..qn)), qkv.index((.., .., qn..qn + kn)), qkv.index((.., .., qn + kn..)))
-            }
-        };
-        if let (Some(qn), Some(kn), true) = (&self.q_norm, &self.k_norm, self.qk_norm_whole) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
-        let split = |t: Array, heads: i32| -> Result<Array> { Ok(t.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?) };
-        let mut q = split(q, self.n_heads)?;
-        let mut k = split(k, self.n_kv_heads)?;
-        let v = split(v, self.n_kv_heads)?;
-        if let (Some(qn), Some(kn), false) = (&self.q_norm, &self.k_norm, self.qk_norm_whole) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
-        Ok((q, k, v))
-    }
-
-    /// `project` for independent rows, q and k rotated at each row's own offset.
-    fn project_rows(&self, x: &Array, offsets: &Array) -> Result<(Array, Array, Array)> {
-        let (q, k, v) = self.project(x)?;
-        Ok((self.rope.forward_rows(&q, offsets)?, self.rope.forward_rows(&k, offsets)?, v))
-    }
-
-    /// Cache update, then attention, for one sequence whose q and k carry their positions.
-    fn attend(&self, q: &Array, k: Array, v: Array, mask: &Mask, cache: &mut LayerCache) -> Result<Array> {
-        let (k, v) = cache.update_and_fetch(k, v)?;
-        if self.softcap.is_some() {
-            // Soft-capped scores need the keys themselves (mlx-lm has no quantized variant).
-            let (Some(k), Some(v)) = (k.plain(), v.plain()) else {
-                return Err(Error::UnsupportedOption { option: "kvBits".into(), reason: "quantized KV caches are not supported with soft-capped attention".into() });
-            };
-            return self.sdpa(q, k, v, mask.sdpa());
-        }
-        crate::cache::attention(q, &k, &v, self.scale, mask)
-    }
-
-    /// MLX's fused attention, or the explicit soft-capped one when scores are capped.
-    fn sdpa(&self, q: &Array, k: &Array, v: &Array, mask: Option<ScaledDotProductAttentionMask>) -> Result<Array> {
-        match self.softcap {
-            Some(cap) => softcapped_attention(q, k, v, self.scale, cap, mask),
-            None => Ok(fast::scaled_dot_product_attention(q, k, v, self.scale, mask, None)?),
-        }
-    }
-
-    fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array> {
-        self.o_proj.forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
-    }
-
-    /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned (see
-    /// `CacheView`); the keys and values go to the row caches, or to the stacked cache.
-    pub fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape, sliding: bool) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let o = match (cache, shape) {
-            (CacheView::Rows(rows), StepShape::Rows(step)) if b == 1 => {
-                // One sequence: rotated at its offset and attending over its cache, as mlx-lm does.
-                let (q, k, v) = self.project(x)?;
-                let offset = step.offsets[0];
-                let (q, k) = (self.rope.forward(&q, offset)?, self.rope.forward(&k, offset)?);
-                self.attend(&q, k, v, step.mask(0, sliding), &mut rows[0][layer])?
-            }
-            (CacheView::Rows(rows), StepShape::Rows(step)) => {
-                // Independent rows: projections batched, attention row by row on each row's cache.
-                let (q, k, v) = self.project_rows(x, &step.rope_offsets(l))?;
-                let outs = (0..b)
-                    .zip(rows.iter_mut())
-                    .map(|(i, cache)| {
-                        let pad = l - step.counts[i as usize];
-                        let row = |t: &Array| if pad == 0 { t.index(i..i + 1) } else { t.index((i..i + 1, .., pad.., ..)) };
-                        let o = self.attend(&row(&q), row(&k), row(&v), step.mask(i as usize, sliding), &mut cache[layer])?;
-                        pad_front(o, pad)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                ops::concatenate(&outs, 0)?
-            }
-            (CacheView::Stacked(stack), StepShape::Stacked(step)) => {
-                let (q, k, v) = self.project_rows(x, &step.offsets)?;
-                let (k, v) = stack.update_and_fetch(layer, k, v)?;
-                self.attend_stacked(&q, &k, &v, step)?
-            }
-            _ => return Err(Error::Internal("a step's shape does not match its caches".into())),
-        };
-        self.output(&o, b, l)
-    }
-
-    /// Attention over a stacked cache after the step's write (`k`, `v`: every column in use).
-    fn attend_stacked(&self, q: &Array, k: &Array, v: &Array, step: &StackedStep) -> Result<Array> {
-        let spans = match &step.attention {
-            StackedAttention::Batched(mask) => return self.sdpa(q, k, v, mask.sdpa()),
-            StackedAttention::Rows(spans) => spans,
-        };
-        let (l, end) = (q.shape()[2], k.shape()[2]);
-        let rows = spans
-            .iter()
-            .zip(0..)
-            .map(|(s, i)| {
-                let cols = |t: &Array| -> Result<Array> {
-                    Ok(if s.pad == 0 {
-                        t.index((i..i + 1, .., s.start..end, ..))
-                    } else {
-                        let before = t.index((i..i + 1, .., s.start..step.before, ..));
-                        ops::concatenate(&[before, t.index((i..i + 1, .., step.before + s.pad..end, ..))], 2)?
-                    })
-                };
-                let q = if s.pad == 0 { q.index(i..i + 1) } else { q.index((i..i + 1, .., s.pad.., ..)) };
-                let mask = (l - s.pad > 1).then_some(ScaledDotProductAttentionMask::Causal);
-                let o = self.sdpa(&q, &cols(k)?, &cols(v)?, mask)?;
-                pad_front(o, s.pad)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(ops::concatenate(&rows, 0)?)
-    }
-}
-
-/// `o` [1, heads, n, dim] preceded by `pad` zero columns: a padded input position's output,
-/// which nothing reads (zeros keep it finite for the layers after).
-fn pad_front(o: Array, pad: i32) -> Result<Array> {
-    if pad == 0 {
-        return Ok(o);
-    }
-    let s = o.shape();
-    let zeros = ops::zeros_dtype(&[s[0], s[1], pad, s[3]], o.dtype())?;
-    Ok(ops::concatenate(&[zeros, o], 2)?)
 }
 
 #[derive(Clone, Copy)]
@@ -523,7 +299,12 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, activation: Activation, fused: bool) -> Result<Self> {
-        let (d, h, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Self::load_sized(w, cfg, path, activation, fused, cfg.intermediate_size)
+    }
+
+    /// `load` with a hidden width other than the config's `intermediate_size`.
+    pub fn load_sized(w: &Weights, cfg: &ModelConfig, path: &str, activation: Activation, fused: bool, h: usize) -> Result<Self> {
+        let (d, bias) = (cfg.hidden_size, cfg.mlp_bias);
         let gate_up = if fused {
             GateUp::Fused(Linear::load(w, cfg, &format!("{path}.gate_up_proj"), 2 * h, d, bias)?)
         } else {
@@ -544,12 +325,18 @@ impl Mlp {
                 (gu.index((.., .., ..h)), gu.index((.., .., h..)))
             }
         };
-        let hidden = match self.activation {
-            Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,
-            Activation::Gelu => ops::multiply(&gelu(&gate)?, &up)?,
-        };
-        self.down_proj.forward(&hidden)
+        self.down_proj.forward(&self.activation.gated(&gate, &up)?)
+    }
+}
+
+impl Activation {
+    /// act(gate) · x.
+    pub fn gated(self, gate: &Array, x: &Array) -> Result<Array> {
+        match self {
+            Activation::Silu => swiglu(gate, x),
+            Activation::GeluApprox => Ok(ops::multiply(&gelu_approx(gate)?, x)?),
+            Activation::Gelu => Ok(ops::multiply(&gelu(gate)?, x)?),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! attention over `sliding_window` positions.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::AttentionSpec;
+use super::attention::AttentionSpec;
 use super::rope::Rope;
 use super::weights::Weights;
 use super::Sliding;
@@ -20,16 +20,8 @@ pub fn build(w: &Weights, cfg: ModelConfig, rope: &[bool]) -> Result<Decoder> {
     let Sliding { layers: sliding, window } = sliding(&cfg)?;
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
-            let spec = AttentionSpec {
-                head_dim: hd,
-                qkv_bias: cfg.attention_bias,
-                o_bias: cfg.attention_bias,
-                fused_qkv: false,
-                qk_norm: None,
-                scale: (hd as f32).powf(-0.5),
-                rope: if rope[i] { Rope::new(&cfg, hd, None)? } else { Rope::none() },
-                softcap: None,
-            };
+            let rope = if rope[i] { Rope::new(&cfg, hd, None)? } else { Rope::none() };
+            let spec = AttentionSpec { qkv_bias: cfg.attention_bias, o_bias: cfg.attention_bias, ..AttentionSpec::plain(hd, rope) };
             Block::pre_norm(w, &cfg, i, spec, false, sliding[i])
         })
         .collect::<Result<_>>()?;

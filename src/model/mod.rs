@@ -1,5 +1,6 @@
 //! Model loading and architectures. `load_model` turns a folder or a GGUF file into a
 //! `LanguageModel`; each architecture lives in its own file.
+pub mod attention;
 pub mod blocks;
 pub mod config;
 pub mod convert;
@@ -8,6 +9,7 @@ pub mod experts;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3_text;
+pub mod gemma4_text;
 pub mod glm4;
 pub mod gguf;
 pub mod gguf_config;
@@ -33,7 +35,9 @@ use std::path::Path;
 
 use mlx_rs::Array;
 
-use crate::cache::{CacheView, LayerCache};
+use mlx_rs::ops::indexing::IndexOp;
+
+use crate::cache::{CacheView, LayerCache, StepShape};
 use crate::error::{Error, Result};
 use config::ModelConfig;
 use weights::Weights;
@@ -104,6 +108,34 @@ pub struct StepContext<'a> {
 
 impl StepContext<'_> {
     pub const LAST: StepContext<'static> = StepContext { logits: Logits::Last, check: None };
+
+    /// After layer `j` of a step whose last is `last`: a step that takes minutes on a CPU ends
+    /// early here when `check` fails (a cancelled request, an exit). Evaluating part of the graph
+    /// earlier runs the same kernels on the same inputs; the last layer's output is left to what
+    /// follows.
+    pub fn after_layer(&self, h: &Array, j: usize, last: usize) -> Result<()> {
+        match self.check.filter(|_| j < last) {
+            Some(check) => {
+                h.eval()?;
+                check()
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Ends a step after its last layer's output `h`: the columns `logits` asks for, or `None`
+    /// once the caches are evaluated (a prefill, which only fills them).
+    pub fn finish(&self, h: Array, cache: &mut CacheView, shape: &StepShape) -> Result<Option<Array>> {
+        cache.end(shape);
+        match self.logits {
+            Logits::None => {
+                mlx_rs::transforms::eval(cache.state())?;
+                Ok(None)
+            }
+            Logits::Last | Logits::LastHidden => Ok(Some(h.index((.., -1.., ..)))),
+            Logits::All => Ok(Some(h)),
+        }
+    }
 }
 
 /// Which layers of a model attend over a sliding window (a rotating cache), and over how many
@@ -117,8 +149,14 @@ pub struct Sliding {
 
 /// An architecture: how its model is built and which of its layers slide.
 struct Arch {
-    load: fn(&Weights, ModelConfig) -> Result<decoder::Decoder>,
+    load: Load,
     sliding: fn(&ModelConfig) -> Result<Sliding>,
+}
+
+/// What an architecture's loader builds: the common decoder, or a model of its own.
+enum Load {
+    Decoder(fn(&Weights, ModelConfig) -> Result<decoder::Decoder>),
+    Gemma4(fn(&Weights, ModelConfig) -> Result<gemma4_text::Gemma4>),
 }
 
 /// Every layer attends to every position (architectures without sliding-window layers).
@@ -126,20 +164,21 @@ fn all_full(config: &ModelConfig) -> Result<Sliding> {
     Ok(Sliding { layers: vec![false; config.num_hidden_layers], window: 0 })
 }
 
-const LLAMA: Arch = Arch { load: llama::load, sliding: llama::sliding };
-const QWEN2: Arch = Arch { load: qwen2::load, sliding: all_full };
-const QWEN3: Arch = Arch { load: qwen3::load, sliding: all_full };
-const QWEN3_MOE: Arch = Arch { load: qwen3_moe::load, sliding: all_full };
-const GEMMA3: Arch = Arch { load: gemma3_text::load, sliding: gemma3_text::sliding };
-const PHI3: Arch = Arch { load: phi3::load, sliding: all_full };
-const GEMMA: Arch = Arch { load: gemma::load, sliding: all_full };
-const GEMMA2: Arch = Arch { load: gemma2::load, sliding: all_full };
-const SMOLLM3: Arch = Arch { load: smollm3::load, sliding: llama::sliding };
-const OLMO2: Arch = Arch { load: olmo2::load, sliding: all_full };
-const GLM4: Arch = Arch { load: glm4::load, sliding: all_full };
-const GRANITE: Arch = Arch { load: granite::load, sliding: all_full };
-const STARCODER2: Arch = Arch { load: starcoder2::load, sliding: all_full };
-const MINICPM: Arch = Arch { load: minicpm::load, sliding: all_full };
+const LLAMA: Arch = Arch { load: Load::Decoder(llama::load), sliding: llama::sliding };
+const QWEN2: Arch = Arch { load: Load::Decoder(qwen2::load), sliding: all_full };
+const QWEN3: Arch = Arch { load: Load::Decoder(qwen3::load), sliding: all_full };
+const QWEN3_MOE: Arch = Arch { load: Load::Decoder(qwen3_moe::load), sliding: all_full };
+const GEMMA3: Arch = Arch { load: Load::Decoder(gemma3_text::load), sliding: gemma3_text::sliding };
+const PHI3: Arch = Arch { load: Load::Decoder(phi3::load), sliding: all_full };
+const GEMMA: Arch = Arch { load: Load::Decoder(gemma::load), sliding: all_full };
+const GEMMA2: Arch = Arch { load: Load::Decoder(gemma2::load), sliding: all_full };
+const SMOLLM3: Arch = Arch { load: Load::Decoder(smollm3::load), sliding: llama::sliding };
+const OLMO2: Arch = Arch { load: Load::Decoder(olmo2::load), sliding: all_full };
+const GLM4: Arch = Arch { load: Load::Decoder(glm4::load), sliding: all_full };
+const GRANITE: Arch = Arch { load: Load::Decoder(granite::load), sliding: all_full };
+const STARCODER2: Arch = Arch { load: Load::Decoder(starcoder2::load), sliding: all_full };
+const MINICPM: Arch = Arch { load: Load::Decoder(minicpm::load), sliding: all_full };
+const GEMMA4: Arch = Arch { load: Load::Gemma4(gemma4_text::load), sliding: gemma4_text::sliding };
 
 /// The architecture implementing `config`: its `model_type`, else its HF `architectures` class.
 fn arch(config: &ModelConfig) -> Result<&'static Arch> {
@@ -149,6 +188,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
         "qwen3" => Some(&QWEN3),
         "qwen3_moe" => Some(&QWEN3_MOE),
         "gemma3_text" => Some(&GEMMA3),
+        "gemma4_text" | "gemma4" => Some(&GEMMA4),
         "phi3" => Some(&PHI3),
         "gemma" => Some(&GEMMA),
         "gemma2" => Some(&GEMMA2),
@@ -168,6 +208,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
                 "Qwen3ForCausalLM" => Some(&QWEN3),
                 "Qwen3MoeForCausalLM" => Some(&QWEN3_MOE),
                 "Gemma3ForCausalLM" => Some(&GEMMA3),
+                "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Some(&GEMMA4),
                 "Phi3ForCausalLM" => Some(&PHI3),
                 "GemmaForCausalLM" => Some(&GEMMA),
                 "Gemma2ForCausalLM" => Some(&GEMMA2),
@@ -191,11 +232,15 @@ pub fn sliding_layers(config: &ModelConfig) -> Result<Sliding> {
 
 /// Builds the architecture `config` names. Call on the engine thread only.
 pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn LanguageModel>> {
-    let load = arch(&config)?.load;
     let fingerprint = fingerprint(&weights, &config);
-    let mut model = load(&weights, config)?;
-    model.fingerprint = fingerprint;
-    Ok(Box::new(model))
+    Ok(match arch(&config)?.load {
+        Load::Decoder(load) => Box::new(decoder::Decoder { fingerprint, ..load(&weights, config)? }),
+        Load::Gemma4(load) => {
+            let mut model = load(&weights, config)?;
+            model.fingerprint = fingerprint;
+            Box::new(model)
+        }
+    })
 }
 
 /// What identifies a model's weights, wherever they are loaded from: the architecture's sizes

@@ -3,7 +3,8 @@
 //! add — with RMSNorm over the whole q and k projections (all heads at once, before RoPE).
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, NormKind, RmsNorm};
+use super::attention::{Attention, AttentionSpec, NormKind};
+use super::layers::{Activation, Mlp, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;

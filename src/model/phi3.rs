@@ -2,7 +2,7 @@
 //! head_dim = hidden / heads, optional partial rotary dims and su/longrope RoPE scaling.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::AttentionSpec;
+use super::attention::AttentionSpec;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
@@ -12,16 +12,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
     let rope_dims = (hd as f32 * cfg.f32_or("partial_rotary_factor", 1.0)) as usize;
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
-            let spec = AttentionSpec {
-                head_dim: hd,
-                qkv_bias: false,
-                o_bias: false,
-                fused_qkv: true,
-                qk_norm: None,
-                scale: (hd as f32).powf(-0.5),
-                rope: Rope::new(&cfg, rope_dims, None)?,
-                softcap: None,
-            };
+            let spec = AttentionSpec { fused_qkv: true, ..AttentionSpec::plain(hd, Rope::new(&cfg, rope_dims, None)?) };
             Block::pre_norm(w, &cfg, i, spec, true, false)
         })
         .collect::<Result<_>>()?;

@@ -2,7 +2,7 @@
 //! and head_dim = hidden / heads.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::AttentionSpec;
+use super::attention::AttentionSpec;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
@@ -11,16 +11,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
     let hd = cfg.hidden_size / cfg.num_attention_heads;
     let layers = (0..cfg.num_hidden_layers)
         .map(|i| {
-            let spec = AttentionSpec {
-                head_dim: hd,
-                qkv_bias: true,
-                o_bias: false,
-                fused_qkv: false,
-                qk_norm: None,
-                scale: (hd as f32).powf(-0.5),
-                rope: Rope::new(&cfg, hd, None)?,
-                softcap: None,
-            };
+            let spec = AttentionSpec { qkv_bias: true, ..AttentionSpec::plain(hd, Rope::new(&cfg, hd, None)?) };
             Block::pre_norm(w, &cfg, i, spec, false, false)
         })
         .collect::<Result<_>>()?;

@@ -2,7 +2,7 @@
 //! `head_dim`, no projection biases.
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{AttentionSpec, NormKind};
+use super::attention::{AttentionSpec, NormKind};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
@@ -16,14 +16,5 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Decoder> {
 /// Qwen3's attention (Qwen3-MoE's too): per-head RMSNorm of q and k, explicit head_dim.
 pub fn attention(cfg: &ModelConfig) -> Result<AttentionSpec> {
     let hd = cfg.head_dim;
-    Ok(AttentionSpec {
-        head_dim: hd,
-        qkv_bias: false,
-        o_bias: false,
-        fused_qkv: false,
-        qk_norm: Some(NormKind::Plain),
-        scale: (hd as f32).powf(-0.5),
-        rope: Rope::new(cfg, hd, None)?,
-        softcap: None,
-    })
+    Ok(AttentionSpec { qk_norm: Some(NormKind::Plain), ..AttentionSpec::plain(hd, Rope::new(cfg, hd, None)?) })
 }

@@ -59,6 +59,18 @@ impl Rope {
         Rope { dims: dims as i32, traditional, base: Some(base), scale: 1.0, freqs: None, input_scale: None }
     }
 
+    /// Gemma 4's "proportional" RoPE: frequencies of a `dims`-wide rotation for the first
+    /// `rotated` features, scaled by `factor`; the other features get infinite wavelengths (no
+    /// rotation). Computed with MLX ops in mlx-lm's order so the values match bit for bit.
+    pub fn proportional(dims: usize, rotated: usize, base: f32, factor: f32, traditional: bool) -> Result<Self> {
+        let exps = ops::divide(&ops::arange::<_, f32>(0, rotated as i32, 2)?, Array::from_f32(dims as f32))?;
+        let turning = ops::multiply(Array::from_f32(factor), &ops::power(Array::from_f32(base), &exps)?)?;
+        let still = ops::full::<f32>(&[((dims - rotated) / 2) as i32], Array::from_f32(f32::INFINITY))?;
+        let freqs = ops::concatenate(&[turning, still], 0)?;
+        freqs.eval()?;
+        Ok(Rope { dims: dims as i32, traditional, base: None, scale: 1.0, freqs: Some(freqs), input_scale: None })
+    }
+
     /// No rotation (SmolLM3's NoPE layers see positions only through the causal mask).
     pub fn none() -> Self {
         Self::plain(0, 0.0, false)

@@ -5,7 +5,7 @@
 use super::blocks::{FeedForward, LayerNorm};
 use super::config::ModelConfig;
 use super::decoder::{Block, Decoder};
-use super::layers::{Attention, AttentionSpec};
+use super::attention::{Attention, AttentionSpec};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
