@@ -100,11 +100,6 @@ impl Router {
     }
 }
 
-/// A number of the config, or its default when absent or null.
-fn num(cfg: &ModelConfig, key: &str) -> Option<f64> {
-    cfg.raw.get(key).and_then(Value::as_f64)
-}
-
 fn bad(cfg: &ModelConfig, msg: String) -> Error {
     Error::config(&cfg.source, msg)
 }
@@ -132,24 +127,29 @@ pub fn sliding(cfg: &ModelConfig) -> Result<Sliding> {
     Ok(Sliding { layers, window })
 }
 
-/// The RoPE of one kind of layer from `rope_parameters` (mlx-lm's defaults when absent).
+/// The RoPE of one kind of layer from `rope_parameters`. Without that block, mlx-lm's defaults
+/// (full layers: proportional over a quarter of each head, base 1e6; sliding: default, 1e4);
+/// with it, a kind it does not list gets a default RoPE of base 1e4, as in mlx-lm.
 fn rope(cfg: &ModelConfig, sliding: bool, head_dim: usize) -> Result<Rope> {
     let kind = if sliding { "sliding_attention" } else { "full_attention" };
-    let params = cfg.raw.get("rope_parameters").and_then(|p| p.get(kind)).filter(|p| p.is_object());
-    let get = |k: &str| params.and_then(|p| p.get(k)).filter(|v| !v.is_null());
-    let (theta, default_type, partial) = if sliding { (10_000.0, "default", 1.0) } else { (1_000_000.0, "proportional", 0.25) };
-    let theta = get("rope_theta").and_then(Value::as_f64).unwrap_or(if params.is_some() { 10_000.0 } else { theta }) as f32;
-    let rope_type = get("rope_type").or_else(|| get("type")).and_then(Value::as_str).unwrap_or(if params.is_some() { "default" } else { default_type });
-    match rope_type {
-        "default" => Ok(Rope::plain(head_dim, theta, cfg.rope_traditional)),
+    let (theta, rope_type, partial, factor) = match cfg.raw.get("rope_parameters").filter(|p| !p.is_null()) {
+        None if sliding => (10_000.0, "default".to_owned(), 1.0, 1.0),
+        None => (1_000_000.0, "proportional".to_owned(), 0.25, 1.0),
+        Some(all) => {
+            let get = |k: &str| all.get(kind).and_then(|p| p.get(k)).filter(|v| !v.is_null());
+            let num = |k: &str, default: f64| get(k).and_then(Value::as_f64).unwrap_or(default);
+            let rope_type = get("type").or_else(|| get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+            (num("rope_theta", 10_000.0), rope_type.to_owned(), num("partial_rotary_factor", 1.0), num("factor", 1.0))
+        }
+    };
+    match rope_type.as_str() {
+        "default" => Ok(Rope::plain(head_dim, theta as f32, cfg.rope_traditional)),
         "proportional" => {
-            let partial = get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(if params.is_some() { 1.0 } else { partial });
             let rotated = (head_dim as f64 * partial) as usize;
             if !(0.0..=1.0).contains(&partial) || rotated % 2 != 0 || head_dim % 2 != 0 {
                 return Err(bad(cfg, format!("{kind}: partial_rotary_factor {partial} of head_dim {head_dim} is not an even number of features")));
             }
-            let factor = get("factor").and_then(Value::as_f64).unwrap_or(1.0) as f32;
-            Rope::proportional(head_dim, rotated, theta, factor, cfg.rope_traditional)
+            Rope::proportional(head_dim, rotated, theta as f32, factor as f32, cfg.rope_traditional)
         }
         other => Err(bad(cfg, format!("{kind}: rope_type {other:?} is not implemented for gemma4_text (\"default\", \"proportional\")"))),
     }
@@ -169,7 +169,8 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     let (n, d, eps) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.rms_norm_eps);
     let (root, lm_head) = roots(w);
     let Sliding { layers: kinds, window } = sliding(&cfg)?;
-    let shared = cfg.usize_opt("num_kv_shared_layers").unwrap_or(0);
+    // Defaults below are mlx-lm's (gemma4_text.ModelArgs), for keys a config leaves out.
+    let shared = cfg.usize_opt("num_kv_shared_layers").unwrap_or(20);
     if shared >= n && shared > 0 {
         return Err(bad(&cfg, format!("num_kv_shared_layers {shared} leaves none of the {n} layers with keys of its own")));
     }
@@ -182,11 +183,14 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
         let from = (0..first_shared).rev().find(|&j| kinds[j] == kinds[i]);
         from.map(Some).ok_or_else(|| bad(&cfg, format!("layer {i} shares keys and values, but no earlier layer is of its kind")))
     };
-    let global_head_dim = cfg.usize_opt("global_head_dim").filter(|&g| g > 0).unwrap_or(cfg.head_dim);
+    let global_head_dim = match cfg.raw.get("global_head_dim") {
+        None => 512,
+        Some(g) => g.as_u64().filter(|&g| g > 0).map_or(cfg.head_dim, |g| g as usize),
+    };
     let k_eq_v = cfg.raw.get("attention_k_eq_v").and_then(Value::as_bool).unwrap_or(false);
     let global_kv_heads = cfg.usize_opt("num_global_key_value_heads");
     let double_wide = cfg.raw.get("use_double_wide_mlp").and_then(Value::as_bool).unwrap_or(true);
-    let per_layer_width = cfg.usize_opt("hidden_size_per_layer_input").unwrap_or(0);
+    let per_layer_width = cfg.usize_opt("hidden_size_per_layer_input").unwrap_or(256);
     let moe = cfg.raw.get("enable_moe_block").and_then(Value::as_bool).unwrap_or(false);
     let moe_sizes = if moe {
         let need = |k: &str| cfg.usize_opt(k).ok_or_else(|| bad(&cfg, format!("enable_moe_block needs a whole number {k}")));
@@ -267,7 +271,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     }
 
     let per_layer = if per_layer_width > 0 {
-        let vocab = cfg.usize_opt("vocab_size_per_layer_input").unwrap_or(cfg.vocab_size);
+        let vocab = cfg.usize_opt("vocab_size_per_layer_input").unwrap_or(262_144);
         if vocab < cfg.vocab_size {
             // Token ids index this table as they come: a smaller one would be read past its end.
             return Err(bad(&cfg, format!("vocab_size_per_layer_input {vocab} is smaller than vocab_size {}", cfg.vocab_size)));
@@ -282,6 +286,14 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
         None
     };
     let tied = cfg.tie_word_embeddings.unwrap_or(true);
+    let final_softcap = match cfg.raw.get("final_logit_softcapping") {
+        None => Some(30.0),
+        Some(Value::Null) => None,
+        Some(v) => match v.as_f64().filter(|&c| c > 0.0) {
+            Some(c) => Some(c as f32),
+            None => return Err(bad(&cfg, format!("final_logit_softcapping {v} is not a positive number"))),
+        },
+    };
     Ok(Gemma4 {
         embed_tokens: Embedding::load(w, &cfg, &format!("{root}.embed_tokens"), cfg.vocab_size, d)?,
         embed_scale: (d as f32).sqrt(),
@@ -289,7 +301,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
         layers,
         norm: norm(format!("{root}.norm"), d)?,
         lm_head: if tied { None } else { Some(Linear::load(w, &cfg, lm_head, cfg.vocab_size, d, false)?) },
-        final_softcap: num(&cfg, "final_logit_softcapping").map(|c| c as f32).filter(|&c| c > 0.0),
+        final_softcap,
         window,
         fingerprint: String::new(),
         config: cfg,
