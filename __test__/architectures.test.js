@@ -47,7 +47,7 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
@@ -179,7 +179,14 @@ const GGUF_ARCH = {
   olmo2: { 'post_attention_layernorm': 'post_attention_norm', 'post_feedforward_layernorm': 'post_ffw_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
   granite: { 'post_attention_layernorm': 'ffn_norm' },
+  qwen3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
+  qwen3_moe_sparse: {
+    'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',
+    'mlp.gate': 'ffn_gate_inp', 'mlp.switch_mlp.gate_proj': 'ffn_gate_exps', 'mlp.switch_mlp.up_proj': 'ffn_up_exps', 'mlp.switch_mlp.down_proj': 'ffn_down_exps',
+  },
 }
+// llama.cpp's architecture names where they differ from the model_type.
+const GGUF_ARCH_NAME = { qwen3_moe: 'qwen3moe' }
 
 /** llama.cpp's LlamaModel.permute: within each head, row j·(d/2)+i moves to 2i+j. */
 function permuteRows(data, rows, heads) {
@@ -200,8 +207,8 @@ function permuteRows(data, rows, heads) {
  * keys, Gemma's RMSNorm weights stored as 1 + w. */
 function asGguf(dir, file) {
   const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
-  const arch = cfg.model_type
-  const names = { ...GGUF_LAYER, ...GGUF_ARCH[arch] }
+  const arch = GGUF_ARCH_NAME[cfg.model_type] ?? cfg.model_type
+  const names = { ...GGUF_LAYER, ...GGUF_ARCH[path.basename(dir)] }
   const tensors = Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([name, t]) => {
     const top = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'model.norm.bias': 'output_norm.bias', 'lm_head.weight': 'output.weight' }
     let gguf = top[name]
@@ -238,6 +245,11 @@ function asGguf(dir, file) {
     kv['granite.residual_scale'] = cfg.residual_multiplier
     kv['granite.logit_scale'] = cfg.logits_scaling
   }
+  if (arch === 'qwen3moe') {
+    kv['qwen3moe.expert_count'] = cfg.num_experts
+    kv['qwen3moe.expert_used_count'] = cfg.num_experts_per_tok
+    kv['qwen3moe.expert_feed_forward_length'] = cfg.moe_intermediate_size
+  }
   if (arch === 'gemma2') {
     kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping
     kv['gemma2.final_logit_softcapping'] = cfg.final_logit_softcapping
@@ -253,7 +265,7 @@ describe('architectures: GGUF files in llama.cpp\'s layout equal their folders',
       asGguf(fixture(`tiny/${name}`), file)
       const model = await mlx.loadModel(file)
       try {
-        assert.equal(model.config.modelType, name)
+        assert.equal(model.config.modelType, m.model_type)
         for (const p of m.prompts) {
           const ours = await model.logits(p.ids)
           const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))

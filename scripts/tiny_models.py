@@ -229,6 +229,14 @@ ARCHS = [
             "tie_word_embeddings": True,
         },
     }),
+    # Every layer routed, as llama.cpp's qwen3moe GGUF layout has it (no dense layers).
+    ("qwen3_moe_sparse", 2300, {
+        "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 40960,
+        "head_dim": 32, "rms_norm_eps": 1e-6, "num_experts": 4, "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    }),
     # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
     # model does not have).
     ("minicpm", 1700, {

@@ -27,6 +27,8 @@ pub(super) enum Arch {
     Olmo2,
     Starcoder2,
     Granite,
+    Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -39,6 +41,8 @@ impl Arch {
             Some("olmo2") => Ok(Arch::Olmo2),
             Some("starcoder2") => Ok(Arch::Starcoder2),
             Some("granite") => Ok(Arch::Granite),
+            Some("qwen3") => Ok(Arch::Qwen3),
+            Some("qwen3moe") => Ok(Arch::Qwen3Moe),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -57,6 +61,8 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Olmo2 => olmo2_config(&Meta { g, path, prefix: "olmo2" }),
         Arch::Starcoder2 => starcoder2_config(&Meta { g, path, prefix: "starcoder2" }),
         Arch::Granite => granite_config(&Meta { g, path, prefix: "granite" }),
+        Arch::Qwen3 => qwen3_config(&Meta { g, path, prefix: "qwen3" }),
+        Arch::Qwen3Moe => qwen3_moe_config(&Meta { g, path, prefix: "qwen3moe" }),
     }
 }
 
@@ -190,6 +196,32 @@ fn gemma3_config(m: &Meta) -> Result<Value> {
 }
 
 /// The config.json of a gemma GGUF, as HF's `GemmaForCausalLM` writes it.
+fn qwen3_config(m: &Meta) -> Result<Value> {
+    Ok(with(sizes(m, "attention.key_length", 1e-6)?, json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(1_000_000.0),
+        "rope_scaling": m.rope_scaling(),
+        "hidden_act": "silu",
+    })))
+}
+
+/// Qwen3-MoE: every layer routes (llama.cpp's qwen3moe has no dense layers), its top-k scores
+/// renormalised, as Qwen3-MoE checkpoints configure it.
+fn qwen3_moe_config(m: &Meta) -> Result<Value> {
+    let experts = m.count("expert_count", 1 << 16)?;
+    let mut cfg = qwen3_config(m)?;
+    cfg["architectures"] = json!(["Qwen3MoeForCausalLM"]);
+    cfg["model_type"] = json!("qwen3_moe");
+    cfg["num_experts"] = json!(experts);
+    cfg["num_experts_per_tok"] = json!(m.count("expert_used_count", experts)?);
+    cfg["moe_intermediate_size"] = json!(m.count("expert_feed_forward_length", MAX_WIDTH)?);
+    cfg["decoder_sparse_step"] = json!(1);
+    cfg["mlp_only_layers"] = json!([]);
+    cfg["norm_topk_prob"] = json!(true);
+    Ok(cfg)
+}
+
 fn gemma_config(m: &Meta) -> Result<Value> {
     Ok(with(sizes(m, "attention.key_length", 1e-6)?, json!({
         "architectures": ["GemmaForCausalLM"],

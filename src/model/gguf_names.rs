@@ -23,8 +23,14 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
         (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_ffw_norm") => "post_feedforward_layernorm",
-        (Arch::Gemma3 | Arch::Olmo2, "attn_q_norm") => "self_attn.q_norm",
-        (Arch::Gemma3 | Arch::Olmo2, "attn_k_norm") => "self_attn.k_norm",
+        (Arch::Gemma3 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe, "attn_q_norm") => "self_attn.q_norm",
+        (Arch::Gemma3 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe, "attn_k_norm") => "self_attn.k_norm",
+        (Arch::Qwen3 | Arch::Qwen3Moe, "ffn_norm") => "post_attention_layernorm",
+        // Qwen3-MoE's router and its experts, stacked [experts, out, in] as mlx-lm's switch_mlp.
+        (Arch::Qwen3Moe, "ffn_gate_inp") => "mlp.gate",
+        (Arch::Qwen3Moe, "ffn_gate_exps") => "mlp.switch_mlp.gate_proj",
+        (Arch::Qwen3Moe, "ffn_up_exps") => "mlp.switch_mlp.up_proj",
+        (Arch::Qwen3Moe, "ffn_down_exps") => "mlp.switch_mlp.down_proj",
         // StarCoder 2's plain MLP.
         (Arch::Starcoder2, "ffn_up") => "mlp.c_fc",
         (Arch::Starcoder2, "ffn_down") => "mlp.c_proj",

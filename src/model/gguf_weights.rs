@@ -117,9 +117,11 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
                 Some(h) => (unpermute_rows(&t.name, &w, rows, h)?, unpermute_rows(&t.name, &s, rows, h)?, unpermute_rows(&t.name, &b, rows, h)?),
                 None => (w, s, b),
             };
-            tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, vec![rows, cols * bits / 32], w));
-            tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], s));
-            tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, vec![rows, cols / GROUP], b));
+            // Rows keep their leading axes (a stack of experts is [experts, out, in]).
+            let packed = |last: usize| -> Vec<usize> { shape[..shape.len() - 1].iter().copied().chain([last]).collect() };
+            tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, packed(cols * bits / 32), w));
+            tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, packed(cols / GROUP), s));
+            tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, packed(cols / GROUP), b));
             continue;
         }
         let dtype = match (storage, t.kind) {
@@ -452,6 +454,36 @@ mod tests {
         assert_eq!(values, [0.0, 0.5, -0.75, (1.0f32 + 1e-3) - 1.0]);
         let ffn_norm = w.get("model.layers.0.pre_feedforward_layernorm.weight").unwrap();
         assert_eq!(ffn_norm.bytes(), f32_bytes(&[1.0, 0.0]));
+    }
+
+    /// A qwen3moe file's experts, stacked [experts, out, in] in one Q8_0 tensor, stay MLX 8-bit
+    /// with their expert axis, as mlx-lm's `switch_mlp` holds them, and the config routes every
+    /// layer through the header's expert counts.
+    #[test]
+    fn qwen3moe_experts_repack_as_stacked_switch_tensors() {
+        let mut w = GgufWriter::new();
+        w.str("general.architecture", "qwen3moe")
+            .u32("qwen3moe.embedding_length", 32)
+            .u32("qwen3moe.block_count", 1)
+            .u32("qwen3moe.feed_forward_length", 64)
+            .u32("qwen3moe.attention.head_count", 1)
+            .u32("qwen3moe.attention.key_length", 32)
+            .u32("qwen3moe.expert_count", 3)
+            .u32("qwen3moe.expert_used_count", 2)
+            .u32("qwen3moe.expert_feed_forward_length", 2)
+            .strs("tokenizer.ggml.tokens", &["a", "b"]);
+        let mut experts = Vec::new();
+        (0..6).for_each(|_| experts.extend(q8_0_block())); // 3 experts × 2 rows × 32
+        w.tensor("blk.0.ffn_gate_exps.weight", &[32, 2, 3], 8, &experts);
+        let file = w.write();
+        let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        assert_eq!(cfg.model_type, "qwen3_moe");
+        assert_eq!((cfg.raw["num_experts"].clone(), cfg.raw["num_experts_per_tok"].clone(), cfg.raw["moe_intermediate_size"].clone()), (json!(3), json!(2), json!(2)));
+        assert_eq!((cfg.raw["mlp_only_layers"].clone(), cfg.raw["norm_topk_prob"].clone()), (json!([]), json!(true)));
+        let base = "model.layers.0.mlp.switch_mlp.gate_proj";
+        assert_eq!(w.get(&format!("{base}.weight")).unwrap().shape, [3, 2, 8]);
+        assert_eq!(w.get(&format!("{base}.scales")).unwrap().shape, [3, 2, 1]);
+        assert_eq!(cfg.quantization.as_ref().and_then(|q| q.params_for(base)).map(|p| p.bits), Some(8));
     }
 
     #[test]
