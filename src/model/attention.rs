@@ -240,13 +240,13 @@ impl Attention {
 
     /// `forward`, also returning the keys and values attended over, for layers that borrow
     /// them. With `borrowed`, the layer attends over those instead of its own (its cache slot
-    /// `layer` is not touched).
-    pub fn forward_kv(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape, sliding: bool, borrowed: Option<&StepKv>) -> Result<(Array, StepKv)> {
+    /// `layer` is not touched) and returns none.
+    pub fn forward_kv(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape, sliding: bool, borrowed: Option<&StepKv>) -> Result<(Array, Option<StepKv>)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (o, kv) = match (cache, shape, borrowed) {
             (CacheView::Rows(_), StepShape::Rows(step), Some(StepKv::One(k, v))) => {
                 let q = self.rope.forward(&self.project_queries(x)?, step.offsets[0])?;
-                (self.attend_fetched(&q, k, v, step.mask(0, sliding))?, StepKv::One(k.clone(), v.clone()))
+                (self.attend_fetched(&q, k, v, step.mask(0, sliding))?, None)
             }
             (CacheView::Rows(rows), StepShape::Rows(step), None) if b == 1 => {
                 // One sequence: rotated at its offset and attending over its cache, as mlx-lm does.
@@ -254,7 +254,7 @@ impl Attention {
                 let offset = step.offsets[0];
                 let (q, k) = (self.rope.forward(&q, offset)?, self.rope.forward(&k, offset)?);
                 let (o, (k, v)) = self.attend(&q, k, v, step.mask(0, sliding), &mut rows[0][layer])?;
-                (o, StepKv::One(k, v))
+                (o, Some(StepKv::One(k, v)))
             }
             (CacheView::Rows(rows), StepShape::Rows(step), borrowed) => {
                 // Independent rows: projections batched, attention row by row on each row's cache.
@@ -275,7 +275,6 @@ impl Attention {
                     let o = match (borrowed, &k, &v) {
                         (Some(StepKv::Rows(kv)), _, _) => {
                             let (k, v) = &kv[i as usize];
-                            kept.push((k.clone(), v.clone()));
                             self.attend_fetched(&row(&q), k, v, mask)?
                         }
                         (None, Some(k), Some(v)) => {
@@ -287,16 +286,16 @@ impl Attention {
                     };
                     outs.push(pad_front(o, pad)?);
                 }
-                (ops::concatenate(&outs, 0)?, StepKv::Rows(kept))
+                (ops::concatenate(&outs, 0)?, borrowed.is_none().then_some(StepKv::Rows(kept)))
             }
             (CacheView::Stacked(_), StepShape::Stacked(step), Some(StepKv::Stacked(k, v))) => {
                 let q = self.rope.forward_rows(&self.project_queries(x)?, &step.offsets)?;
-                (self.attend_stacked(&q, k, v, step)?, StepKv::Stacked(k.clone(), v.clone()))
+                (self.attend_stacked(&q, k, v, step)?, None)
             }
             (CacheView::Stacked(stack), StepShape::Stacked(step), None) => {
                 let (q, k, v) = self.project_rows(x, &step.offsets)?;
                 let (k, v) = stack.update_and_fetch(layer, k, v)?;
-                (self.attend_stacked(&q, &k, &v, step)?, StepKv::Stacked(k, v))
+                (self.attend_stacked(&q, &k, &v, step)?, Some(StepKv::Stacked(k, v)))
             }
             _ => return Err(Error::Internal("a step's shape does not match its caches".into())),
         };

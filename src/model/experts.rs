@@ -27,15 +27,21 @@ impl ExpertsConfig {
     /// `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob` (Qwen's
     /// names), bounded so no product or allocation follows from an absurd number.
     pub fn from_config(cfg: &ModelConfig) -> Result<Self> {
+        let norm_topk_prob = cfg.raw.get("norm_topk_prob").and_then(serde_json::Value::as_bool).unwrap_or(false);
+        Self::read(cfg, "num_experts_per_tok", norm_topk_prob)
+    }
+
+    /// `num_experts`, `moe_intermediate_size` and the experts per token under `top_k_key` (each
+    /// family's name for it), bounded.
+    pub fn read(cfg: &ModelConfig, top_k_key: &str, norm_topk_prob: bool) -> Result<Self> {
         let need = |key: &str| cfg.usize_opt(key).ok_or_else(|| Error::config(&cfg.source, format!("{} needs a whole number {key}", cfg.model_type)));
-        let (num_experts, top_k, intermediate_size) = (need("num_experts")?, need("num_experts_per_tok")?, need("moe_intermediate_size")?);
+        let (num_experts, top_k, intermediate_size) = (need("num_experts")?, need(top_k_key)?, need("moe_intermediate_size")?);
         if num_experts == 0 || num_experts > 1 << 16 || top_k == 0 || top_k > num_experts || intermediate_size == 0 {
             return Err(Error::config(
                 &cfg.source,
-                format!("experts: num_experts {num_experts} (1 to 65536), num_experts_per_tok {top_k} (1 to num_experts) and moe_intermediate_size {intermediate_size} (> 0)"),
+                format!("experts: num_experts {num_experts} (1 to 65536), {top_k_key} {top_k} (1 to num_experts) and moe_intermediate_size {intermediate_size} (> 0)"),
             ));
         }
-        let norm_topk_prob = cfg.raw.get("norm_topk_prob").and_then(serde_json::Value::as_bool).unwrap_or(false);
         Ok(ExpertsConfig { num_experts, top_k, intermediate_size, norm_topk_prob })
     }
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::blocks::softcap;
 use super::config::ModelConfig;
-use super::experts::SwitchGlu;
+use super::experts::{ExpertsConfig, SwitchGlu};
 use super::attention::{Attention, AttentionSpec, KvSource, NormKind, StepKv};
 use super::layers::{scalar, Activation, Embedding, Linear, Mlp, RmsNorm};
 use super::rope::Rope;
@@ -127,22 +127,25 @@ pub fn sliding(cfg: &ModelConfig) -> Result<Sliding> {
     Ok(Sliding { layers, window })
 }
 
-/// The RoPE of one kind of layer from `rope_parameters`. Without that block, mlx-lm's defaults
-/// (full layers: proportional over a quarter of each head, base 1e6; sliding: default, 1e4);
-/// with it, a kind it does not list gets a default RoPE of base 1e4, as in mlx-lm.
+/// mlx-lm's `rope_parameters` for a Gemma 4 config without them (gemma4_text.ModelArgs).
+pub fn default_rope_parameters() -> Value {
+    serde_json::json!({
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
+        "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10_000.0, "rope_type": "default"},
+    })
+}
+
+/// The RoPE of one kind of layer from `rope_parameters` (`default_rope_parameters` without the
+/// block); a kind the block does not list gets a default RoPE of base 1e4, as in mlx-lm.
 fn rope(cfg: &ModelConfig, sliding: bool, head_dim: usize) -> Result<Rope> {
     let kind = if sliding { "sliding_attention" } else { "full_attention" };
-    let (theta, rope_type, partial, factor) = match cfg.raw.get("rope_parameters").filter(|p| !p.is_null()) {
-        None if sliding => (10_000.0, "default".to_owned(), 1.0, 1.0),
-        None => (1_000_000.0, "proportional".to_owned(), 0.25, 1.0),
-        Some(all) => {
-            let get = |k: &str| all.get(kind).and_then(|p| p.get(k)).filter(|v| !v.is_null());
-            let num = |k: &str, default: f64| get(k).and_then(Value::as_f64).unwrap_or(default);
-            let rope_type = get("type").or_else(|| get("rope_type")).and_then(Value::as_str).unwrap_or("default");
-            (num("rope_theta", 10_000.0), rope_type.to_owned(), num("partial_rotary_factor", 1.0), num("factor", 1.0))
-        }
-    };
-    match rope_type.as_str() {
+    let defaults = default_rope_parameters();
+    let all = cfg.raw.get("rope_parameters").filter(|p| !p.is_null()).unwrap_or(&defaults);
+    let get = |k: &str| all.get(kind).and_then(|p| p.get(k)).filter(|v| !v.is_null());
+    let num = |k: &str, default: f64| get(k).and_then(Value::as_f64).unwrap_or(default);
+    let rope_type = get("type").or_else(|| get("rope_type")).and_then(Value::as_str).unwrap_or("default");
+    let (theta, partial, factor) = (num("rope_theta", 10_000.0), num("partial_rotary_factor", 1.0), num("factor", 1.0));
+    match rope_type {
         "default" => Ok(Rope::plain(head_dim, theta as f32, cfg.rope_traditional)),
         "proportional" => {
             let rotated = (head_dim as f64 * partial) as usize;
@@ -192,16 +195,10 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     let double_wide = cfg.raw.get("use_double_wide_mlp").and_then(Value::as_bool).unwrap_or(true);
     let per_layer_width = cfg.usize_opt("hidden_size_per_layer_input").unwrap_or(256);
     let moe = cfg.raw.get("enable_moe_block").and_then(Value::as_bool).unwrap_or(false);
-    let moe_sizes = if moe {
-        let need = |k: &str| cfg.usize_opt(k).ok_or_else(|| bad(&cfg, format!("enable_moe_block needs a whole number {k}")));
-        let (e, k, h) = (need("num_experts")?, need("top_k_experts")?, need("moe_intermediate_size")?);
-        if e == 0 || e > 1 << 16 || k == 0 || k > e || h == 0 {
-            return Err(bad(&cfg, format!("experts: num_experts {e} (1 to 65536), top_k_experts {k} (1 to num_experts), moe_intermediate_size {h} (> 0)")));
-        }
-        Some((e, k, h))
-    } else {
-        None
-    };
+    // Gemma 4's router renormalises by its softmax over the top k.
+    let moe_sizes = if moe { Some(ExpertsConfig::read(&cfg, "top_k_experts", false)?) } else { None };
+    // Sizes from the config multiply into tensor shapes only through checked products.
+    let times = |a: usize, b: usize, what: &str| a.checked_mul(b).ok_or_else(|| bad(&cfg, format!("{what} overflows: {a} × {b}")));
     let norm = |path: String, dim: usize| RmsNorm::load(w, &path, dim, eps);
 
     let mut layers = Vec::with_capacity(n);
@@ -231,8 +228,8 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
             ..AttentionSpec::plain(head_dim, rope(&cfg, sliding, head_dim)?)
         };
         let wide = if double_wide && kv_from.is_some() { 2 } else { 1 };
-        let moe = match moe_sizes {
-            Some((e, k, h)) => Some(Moe {
+        let moe = match &moe_sizes {
+            &Some(ExpertsConfig { num_experts: e, top_k: k, intermediate_size: h, .. }) => Some(Moe {
                 router: Router {
                     norm: router_norm(w, &format!("{p}.router"), d, eps)?,
                     proj: Linear::load(w, &cfg, &format!("{p}.router.proj"), e, d, false)?,
@@ -260,7 +257,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
             attn: Attention::load(w, &cfg, &format!("{p}.self_attn"), spec)?,
             post_attn_norm: norm(format!("{p}.post_attention_layernorm"), d)?,
             pre_ff_norm: norm(format!("{p}.pre_feedforward_layernorm"), d)?,
-            mlp: Mlp::load_sized(w, &cfg, &format!("{p}.mlp"), Activation::GeluApprox, false, wide * cfg.intermediate_size)?,
+            mlp: Mlp::load_sized(w, &cfg, &format!("{p}.mlp"), Activation::GeluApprox, false, times(wide, cfg.intermediate_size, "intermediate_size")?)?,
             moe,
             post_ff_norm: norm(format!("{p}.post_feedforward_layernorm"), d)?,
             gate,
@@ -271,15 +268,16 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     }
 
     let per_layer = if per_layer_width > 0 {
+        let all = times(n, per_layer_width, "hidden_size_per_layer_input of every layer")?;
         let vocab = cfg.usize_opt("vocab_size_per_layer_input").unwrap_or(262_144);
         if vocab < cfg.vocab_size {
             // Token ids index this table as they come: a smaller one would be read past its end.
             return Err(bad(&cfg, format!("vocab_size_per_layer_input {vocab} is smaller than vocab_size {}", cfg.vocab_size)));
         }
         Some(PerLayerInputs {
-            embed: Embedding::load(w, &cfg, &format!("{root}.embed_tokens_per_layer"), vocab, n * per_layer_width)?,
+            embed: Embedding::load(w, &cfg, &format!("{root}.embed_tokens_per_layer"), vocab, all)?,
             width: per_layer_width as i32,
-            projection: Linear::load(w, &cfg, &format!("{root}.per_layer_model_projection"), n * per_layer_width, d, false)?,
+            projection: Linear::load(w, &cfg, &format!("{root}.per_layer_model_projection"), all, d, false)?,
             norm: norm(format!("{root}.per_layer_projection_norm"), per_layer_width)?,
         })
     } else {
@@ -316,7 +314,8 @@ fn experts(w: &Weights, cfg: &ModelConfig, path: &str, e: usize, h: usize) -> Re
         return SwitchGlu::load(w, cfg, &format!("{path}.switch_glu"), None, e, h, Activation::GeluApprox);
     }
     let d = cfg.hidden_size;
-    let gate_up = w.array_shaped(&fused, &[e, 2 * h, d])?;
+    let both = h.checked_mul(2).ok_or_else(|| bad(cfg, format!("moe_intermediate_size {h} overflows")))?;
+    let gate_up = w.array_shaped(&fused, &[e, both, d])?;
     let (gate, up) = (gate_up.index((.., ..h as i32, ..)), gate_up.index((.., h as i32.., ..)));
     let down = w.array_shaped(&format!("{path}.down_proj"), &[e, d, h])?;
     Ok(SwitchGlu::dense(gate, up, down, Activation::GeluApprox))
@@ -332,7 +331,7 @@ fn router_norm(w: &Weights, path: &str, d: usize, eps: f32) -> Result<RmsNorm> {
 
 impl Layer {
     /// One block; `borrowed`: the keys and values of the layer this one shares them with.
-    fn forward(&self, x: &Array, cache: &mut CacheView, j: usize, shape: &crate::cache::StepShape, borrowed: Option<&StepKv>, input: Option<Array>) -> Result<(Array, StepKv)> {
+    fn forward(&self, x: &Array, cache: &mut CacheView, j: usize, shape: &crate::cache::StepShape, borrowed: Option<&StepKv>, input: Option<Array>) -> Result<(Array, Option<StepKv>)> {
         let (r, kv) = self.attn.forward_kv(&self.input_norm.forward(x)?, cache, j, shape, self.sliding, borrowed)?;
         let h = ops::add(x, &self.post_attn_norm.forward(&r)?)?;
         let dense = self.mlp.forward(&self.pre_ff_norm.forward(&h)?)?;
@@ -412,7 +411,7 @@ impl LanguageModel for Gemma4 {
             let input = inputs.as_ref().map(|p| p.index((.., .., j as i32, ..)));
             let (out, kv) = layer.forward(&h, &mut cache, j, &shape, borrowed, input)?;
             h = out;
-            kvs.push(Some(kv));
+            kvs.push(kv);
             ctx.after_layer(&h, j, last)?;
         }
         let Some(h) = ctx.finish(h, &mut cache, &shape)? else {

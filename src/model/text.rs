@@ -23,13 +23,8 @@ pub fn text_config(c: &ModelConfig) -> Value {
         }
         Err(_) => (get("layer_types").cloned().unwrap_or_else(|| json!([])), num("sliding_window", json!(0))),
     };
-    // Gemma 4 without `rope_parameters` gets mlx-lm's (gemma4_text.ModelArgs).
-    let gemma4_default = c.model_type.starts_with("gemma4").then(|| {
-        json!({
-            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
-            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10_000.0, "rope_type": "default"},
-        })
-    });
+    // Gemma 4 without `rope_parameters` gets mlx-lm's.
+    let gemma4_default = c.model_type.starts_with("gemma4").then(super::gemma4_text::default_rope_parameters);
     let rope = match get("rope_parameters").or(gemma4_default.as_ref()).and_then(Value::as_object) {
         Some(kinds) => kinds
             .iter()
