@@ -47,7 +47,7 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4', 'qwen3_5', 'qwen3_5_moe', 'qwen3_next']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
@@ -150,6 +150,45 @@ describe('architectures: a next turn starts from the prefix cache and equals a c
         assert.equal(hot.metrics.cachedTokens, held.length, 'the next turn starts from what the last one left')
         assert.deepEqual(hot.tokens, (await run(cold, next)).tokens)
         assert.deepEqual(beside.tokens, (await run(cold, other)).tokens)
+      } finally {
+        await engine.close()
+        await cold.close()
+        model.dispose()
+      }
+    })
+  }
+})
+
+describe('architectures: linear-attention models restore checkpoints', () => {
+  const hybrid = ref.models.filter((m) => !m.quantized && ['qwen3_5', 'qwen3_5_moe', 'qwen3_next'].includes(m.name))
+  test('every hybrid model is in the reference file', () => assert.equal(hybrid.length, 3))
+  for (const m of hybrid) {
+    test(`${m.name}: a prompt that shares the last prompt but not its output starts from its checkpoint`, { timeout: 120_000 }, async () => {
+      const model = await mlx.loadModel(fixture(`tiny/${m.path}`))
+      const engine = mlx.createEngine(model, { maxActive: 4 })
+      const cold = mlx.createEngine(model, { prefixCacheBytes: 0 })
+      try {
+        assert.equal(engine.capabilities.checkpoints, true)
+        assert.equal(engine.capabilities.sharedCheckpoints, true)
+        const run = async (e, promptTokens, sessionId) => {
+          const o = await within(e.open({ promptTokens, maxTokens: 8, eosTokenIds: [], sessionId }, { output: 'collect' }).result, 'a collect session', 60_000)
+          assert.equal(o.status, 'completed', JSON.stringify(o.error))
+          return { tokens: Array.from(o.output), metrics: o.result.metrics }
+        }
+        const base = m.prompts[1].ids
+        const first = await run(engine, base, 'chat')
+        // A regenerated turn: the same prompt, a different continuation after it. The recurrent
+        // state after the output cannot be trimmed back; the checkpoint holds the prompt.
+        const edited = [...base, 200, 201, 202]
+        assert.notEqual(first.tokens[0], 200)
+        const hot = await run(engine, edited, 'chat')
+        assert.equal(hot.metrics.cachedTokens, base.length - 1, 'started from the checkpoint at the end of the prompt')
+        assert.deepEqual(hot.tokens, (await run(cold, edited)).tokens)
+        // Four rows of one batch, two of them from checkpoints, equal cold runs.
+        const prompts = [[...base, 7], [...base, 200, 201, 202, 9], [...m.prompts[0].ids, 5], base.slice(0, 30)]
+        const together = await Promise.all(prompts.map((p) => run(engine, p)))
+        assert.ok(together[0].metrics.cachedTokens >= base.length - 1 && together[1].metrics.cachedTokens >= base.length - 1, JSON.stringify(together.map((t) => t.metrics.cachedTokens)))
+        for (const [i, p] of prompts.entries()) assert.deepEqual(together[i].tokens, (await run(cold, p)).tokens, `row ${i}`)
       } finally {
         await engine.close()
         await cold.close()

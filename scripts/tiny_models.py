@@ -237,6 +237,40 @@ ARCHS = [
         "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 32,
         "norm_topk_prob": True,
     }),
+    # Qwen3.5 (dense): gated DeltaNet layers (value heads sharing key heads two to one) with a
+    # full-attention layer every second one, RoPE over a quarter of each head, output gates.
+    ("qwen3_5", 2400, {
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "num_hidden_layers": 4,
+        "head_dim": 16, "full_attention_interval": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 100000.0, "partial_rotary_factor": 0.25},
+    }),
+    # Qwen3.5-MoE as published: the text model in text_config; experts and a gated shared
+    # expert in every layer, tied output.
+    ("qwen3_5_moe", 2500, {
+        "model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "text_config": {
+            **BASE, "model_type": "qwen3_5_moe_text", "num_hidden_layers": 3, "head_dim": 16,
+            "full_attention_interval": 3, "linear_num_value_heads": 2, "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 32, "linear_conv_kernel_dim": 3,
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.5},
+        },
+    }),
+    # Qwen3-Next: projections fused per key head, experts in every second layer (one listed
+    # dense), un-renormalised top-k.
+    ("qwen3_next", 2600, {
+        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4,
+        "head_dim": 16, "full_attention_interval": 4, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [2],
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "norm_topk_prob": False,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }),
     # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
     # model does not have).
     ("minicpm", 1700, {
@@ -331,6 +365,10 @@ def reinit(model, model_type):
             return centre + 0.2 * mx.random.normal(v.shape)
         if "norm" in path.split(".")[-2] and path.endswith(".bias"):
             return 0.2 * mx.random.normal(v.shape)
+        if path.endswith(("A_log", "dt_bias")):
+            # The DeltaNet's decay rates as mlx-lm initialises them: scaled, every state would
+            # forget each token at once.
+            return v
         if path.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
             # Gemma 4's multipliers start at 1: randomised around it like the norms.
             return 1.0 + 0.2 * mx.random.normal(v.shape)

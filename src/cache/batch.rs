@@ -299,6 +299,7 @@ fn row_kv(caches: &[LayerCache]) -> Result<RowKv> {
             LayerCache::Plain(c) if c.quantization().is_none() => Ok(c.contents().map(|(k, v)| (k.plain().expect("plain").clone(), v.plain().expect("plain").clone()))),
             LayerCache::Plain(_) => Err(Error::Internal("quantized caches do not stack".into())),
             LayerCache::Rotating(_) => Err(Error::Mlx("sliding-window caches do not stack".into())),
+            LayerCache::Recurrent(_) => Err(Error::Mlx("recurrent caches do not stack".into())),
         })
         .collect()
 }

@@ -92,6 +92,7 @@ fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
     let kv = match c {
         LayerCache::Plain(c) => c.contents(),
         LayerCache::Rotating(c) => c.ordered()?,
+        LayerCache::Recurrent(_) => return Err(recurrent()),
     };
     let plain = match &kv {
         None => None,
@@ -101,14 +102,20 @@ fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
             _ => return Err(Error::UnsupportedOption { option: "kvBits".into(), reason: "quantized KV caches cannot be saved to a file yet".into() }),
         },
     };
-    Ok((kind(c), plain))
+    Ok((kind(c)?, plain))
 }
 
-fn kind(c: &LayerCache) -> Kind {
+fn kind(c: &LayerCache) -> Result<Kind> {
     match c {
-        LayerCache::Plain(_) => Kind::Plain,
-        LayerCache::Rotating(_) => Kind::Rotating,
+        LayerCache::Plain(_) => Ok(Kind::Plain),
+        LayerCache::Rotating(_) => Ok(Kind::Rotating),
+        LayerCache::Recurrent(_) => Err(recurrent()),
     }
+}
+
+/// The format holds keys and values per position; a linear-attention layer's state is neither.
+fn recurrent() -> Error {
+    Error::UnsupportedOption { option: "saveKvCache".into(), reason: "models with linear-attention layers (Qwen3.5, Qwen3-Next) cannot save their caches to a file yet".into() }
 }
 
 /// Writes `caches` (all at one offset) of the model fingerprinted `model` to `path`.
@@ -239,7 +246,7 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
         if layer.offset != header.positions {
             return Err(bad(format!("layer {i} holds {} positions, the cache {}", layer.offset, header.positions)));
         }
-        let kind = kind(like);
+        let kind = kind(like)?;
         if layer.kind != kind {
             return Err(bad(format!("layer {i} is {:?}; the model's is {kind:?}", layer.kind)));
         }

@@ -5,6 +5,7 @@ pub mod file;
 mod kv;
 mod prefix;
 mod quantized;
+mod recurrent;
 mod rotating;
 mod view;
 
@@ -13,12 +14,13 @@ pub use view::{CacheView, RowsStep, StepShape};
 pub use kv::KvCache;
 pub use prefix::{PrefixCache, PrefixHit, PrefixStats};
 pub use quantized::{attention, Kv, KvPolicy, KvQuant, KvQuantOptions};
+pub use recurrent::RecurrentCache;
 pub use rotating::RotatingKvCache;
 
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::{ops, Array};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The mask one attention call needs.
 pub enum Mask {
@@ -51,12 +53,13 @@ pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
     Ok(mask)
 }
 
-/// A layer's cache: plain for full attention, rotating for sliding-window attention. Cloning
-/// one is a snapshot (no copy until either side is written).
+/// A layer's cache: plain for full attention, rotating for sliding-window attention, recurrent
+/// for linear attention. Cloning one is a snapshot (no copy until either side is written).
 #[derive(Clone)]
 pub enum LayerCache {
     Plain(KvCache),
     Rotating(RotatingKvCache),
+    Recurrent(RecurrentCache),
 }
 
 impl LayerCache {
@@ -64,6 +67,7 @@ impl LayerCache {
         match self {
             LayerCache::Plain(c) => c.offset(),
             LayerCache::Rotating(c) => c.offset(),
+            LayerCache::Recurrent(c) => c.offset(),
         }
     }
 
@@ -71,6 +75,7 @@ impl LayerCache {
         match self {
             LayerCache::Plain(c) => c.update_and_fetch(keys, values),
             LayerCache::Rotating(c) => c.update_and_fetch(keys, values),
+            LayerCache::Recurrent(_) => Err(Error::Internal("a linear-attention layer's cache was given keys and values".into())),
         }
     }
 
@@ -79,14 +84,17 @@ impl LayerCache {
         match self {
             LayerCache::Plain(c) => c.quantization(),
             LayerCache::Rotating(c) => c.quantization(),
+            LayerCache::Recurrent(_) => None,
         }
     }
 
-    /// Quantizes what it holds and every position written from now on.
+    /// Quantizes what it holds and every position written from now on. A recurrent state is
+    /// no KV cache and stays as it is (as in mlx-lm, whose `ArraysCache` has no quantized form).
     pub fn quantize(&mut self, q: KvQuant) -> Result<()> {
         match self {
             LayerCache::Plain(c) => c.quantize(q),
             LayerCache::Rotating(c) => c.quantize(q),
+            LayerCache::Recurrent(_) => Ok(()),
         }
     }
 
@@ -94,15 +102,17 @@ impl LayerCache {
         match self {
             LayerCache::Plain(c) => c.state(),
             LayerCache::Rotating(c) => c.state(),
+            LayerCache::Recurrent(c) => c.state(),
         }
     }
 
     /// Whether `trim` can remove positions: a rotating cache that has wrapped has overwritten
-    /// the positions before its window, so it cannot go back.
+    /// the positions before its window, so it cannot go back; a recurrent one never can.
     pub fn is_trimmable(&self) -> bool {
         match self {
             LayerCache::Plain(_) => true,
             LayerCache::Rotating(c) => c.is_trimmable(),
+            LayerCache::Recurrent(_) => false,
         }
     }
 
@@ -112,6 +122,7 @@ impl LayerCache {
         match self {
             LayerCache::Plain(_) => true,
             LayerCache::Rotating(c) => c.offset() + n < c.max_size(),
+            LayerCache::Recurrent(_) => false,
         }
     }
 
@@ -120,6 +131,7 @@ impl LayerCache {
         match self {
             LayerCache::Plain(c) => c.trim(n),
             LayerCache::Rotating(c) => c.trim(n),
+            LayerCache::Recurrent(_) => 0,
         }
     }
 
@@ -137,6 +149,7 @@ impl LayerCache {
                 None => Ok(Mask::Causal),
             },
             LayerCache::Rotating(c) => c.make_mask(n, window),
+            LayerCache::Recurrent(_) => Err(Error::Internal("a linear-attention layer has no attention mask".into())),
         }
     }
 }

@@ -5,8 +5,11 @@
 //! - `take` prefers the entry of the caller's session (its continuation), then the longest
 //!   common prefix; a hit leaves at least the prompt's last token to forward (the first decode
 //!   step needs its logits), and it is removed from the cache and trimmed to the shared tokens.
-//!   An entry that would need trimming but cannot be trimmed (a rotating cache that has wrapped)
-//!   is skipped.
+//!   An entry that would need trimming but cannot be trimmed (a rotating cache that has wrapped,
+//!   a linear-attention layer's recurrent state) is skipped; such an entry, which serves only
+//!   prompts that extend all of it, stays in the cache when it is taken (the taker gets a
+//!   snapshot: MLX copies a buffer two arrays share before writing to it), so every branch of a
+//!   conversation can start from it.
 //! - `put` takes ownership; an entry larger than the whole cap is dropped; least recently used
 //!   entries go while the cache holds more than the cap.
 //! - Entries live in namespaces: a prompt only ever meets entries of its own namespace.
@@ -81,16 +84,25 @@ impl PrefixCache {
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let mut e = self.entries.remove(i);
-        self.bytes -= e.bytes;
-        let extra = e.tokens.len() - n;
-        for c in &mut e.caches {
-            c.trim(extra);
-        }
+        let caches = if self.entries[i].caches.iter().all(LayerCache::is_trimmable) {
+            let mut e = self.entries.remove(i);
+            self.bytes -= e.bytes;
+            let extra = e.tokens.len() - n;
+            for c in &mut e.caches {
+                c.trim(extra);
+            }
+            e.caches
+        } else {
+            // Untrimmable, so used whole (`usable_prefix`): kept, now the most recently used.
+            let e = self.entries.remove(i);
+            let caches = e.caches.clone();
+            self.entries.push(e);
+            caches
+        };
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
         self.stats.hit_tokens.fetch_add(n as u64, Ordering::Relaxed);
         self.publish();
-        Some(PrefixHit { tokens: n, caches: e.caches })
+        Some(PrefixHit { tokens: n, caches })
     }
 
     /// Keeps `caches`, which hold exactly `tokens`. Returns whether it was kept: not when it is
@@ -232,6 +244,10 @@ mod tests {
         // A continuation of all six tokens needs no trim.
         let hit = p.take(&seq(0..9), "", None).unwrap();
         assert_eq!((hit.tokens, hit.caches[0].offset()), (6, 6));
+        // It stays for the next prompt that extends it (another branch of the conversation).
+        assert_eq!(p.stats.entries.load(Ordering::Relaxed), 1);
+        let again = p.take(&[0, 1, 2, 3, 4, 5, 42], "", None).unwrap();
+        assert_eq!((again.tokens, again.caches[0].offset()), (6, 6));
         // Before wrapping it trims like a plain cache.
         let mut short = RotatingKvCache::new(8, 0);
         short.update_and_fetch(kv(6), kv(6)).unwrap();

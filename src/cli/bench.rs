@@ -27,10 +27,11 @@ pub fn bench(path: &Path, w: Workload, f32_matmuls: F32Matmuls) -> Result<()> {
     let (weights, config) = open_source(path)?;
     let weights = weights.with_f32_matmuls(f32_matmuls);
     let vocab = config.vocab_size as u32;
+    let checkpoints = crate::model::restores_checkpoints(&config);
     let engine = EngineThread::get();
     let (model, loaded) = engine.load(Box::new(move || Ok(weights)), config);
     super::wait_loaded(path, loaded)?;
-    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, fill: FillConfig::from_env()?, ..Default::default() });
+    let sessions = InferenceEngine::new(Source::Model { id: model, vocab_size: vocab as usize, checkpoints }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, fill: FillConfig::from_env()?, ..Default::default() });
     // Token ids do not change the work done; a fixed pseudo-random spread avoids degenerate input.
     let prompt: Vec<u32> = (0..prompt_tokens).map(|i| (i.wrapping_mul(7919) + 13) % vocab).collect();
     let run = |max_tokens: u32| -> Result<GenerateStats> {

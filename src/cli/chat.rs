@@ -87,7 +87,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     opts.validate(ctx.vocab_size)?;
     wait_loaded(&path, loaded)?;
     // No idle timeout: the reader is this thread, which never stops reading mid-turn.
-    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, fill: FillConfig::from_env()?, ..Default::default() });
+    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size, checkpoints: ctx.checkpoints }, EngineOptions { idle_timeout: None, fill: FillConfig::from_env()?, ..Default::default() });
     let interactive = std::io::stdin().is_terminal();
     let mut input = if interactive { Input::editor()? } else { Input::Lines(std::io::stdin().lock()) };
     if interactive {

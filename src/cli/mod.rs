@@ -391,7 +391,7 @@ fn generate(path: &Path, prompt: &str, chat: bool, json: bool, mut opts: Generat
     };
     opts.eos_token_ids = Some(ctx.eos_ids.clone());
     wait_loaded(path, loaded)?;
-    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, fill: FillConfig::from_env()?, ..Default::default() });
+    let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size, checkpoints: ctx.checkpoints }, EngineOptions { idle_timeout: None, prefix_cache_bytes: 0, fill: FillConfig::from_env()?, ..Default::default() });
     let session = engine.open(MethodSpec::Generate { model: ctx.model, prompt: ids, opts, prefix: Default::default(), cache: None, draft: None, fill: Default::default() }, OutputMode::Stream, false)?;
     let mut decoder = StreamDecoder::new(&ctx.tokenizer, true);
     let mut tokens = Vec::new();

@@ -258,10 +258,11 @@ impl Driver {
         let plan = match self.spec.take().expect("prepared once") {
             MethodSpec::Generate { model: _, prompt, opts, prefix: key, cache, draft: _, fill: plan } => {
                 let options = &self.engine.options;
-                let placed = placement::for_generation(&opts, draft.is_some(), &placement::features(options.grammar_jump, options.fill.enabled()));
+                let model = loaded.expect("looked up above");
+                let checkpoints = crate::model::restores_checkpoints(model.config());
+                let placed = placement::for_generation(&opts, draft.is_some(), checkpoints, &placement::features(options.grammar_jump, options.fill.enabled()));
                 let continuous = placed.mechanism == Mechanism::Continuous;
                 let fill = placed.fill.then(|| (options.fill.clone(), plan));
-                let model = loaded.expect("looked up above");
                 if let (Some(draft), Method::Speculative) = (&draft, placed.method) {
                     let plan = Speculative::plan(model, Some(draft.clone()), fill, prompt, opts, continuous, Caches::Fresh);
                     return self.start(plan);

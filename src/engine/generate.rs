@@ -128,6 +128,12 @@ impl Caches {
     }
 }
 
+enum Checkpoint {
+    Off,
+    Wanted,
+    Taken(Vec<LayerCache>),
+}
+
 pub struct Generation {
     model: Rc<dyn LanguageModel>,
     caches: RowCaches,
@@ -140,6 +146,11 @@ pub struct Generation {
     output: Vec<u32>,
     /// Finished (stop or length) rather than failed: the caches are whole.
     ended: bool,
+    /// Placement's `checkpoint`: its caches cannot be trimmed, so a snapshot of them at the end
+    /// of the prompt (all of it but the last token, which the first decode step forwards) goes
+    /// to the prefix cache beside the final entry: a later prompt that shares the prompt but not
+    /// the output (a regenerated reply, an edited turn) starts from there.
+    checkpoint: Checkpoint,
     opts: GenerateOptions,
     eos: Vec<u32>,
     sampler: Sampler,
@@ -177,11 +188,15 @@ impl Generation {
     pub fn plan(model: Rc<dyn LanguageModel>, prompt: Vec<u32>, opts: GenerateOptions, placed: &ResolvedExecution, caches: Caches) -> Plan {
         let continuous = placed.mechanism == Mechanism::Continuous;
         let jump = placed.grammar_jump;
+        let checkpoint = placed.checkpoint && matches!(caches, Caches::Prefix(_));
         Plan {
             output_token_limit: f64::from(opts.max_tokens),
             start: Box::new(move || {
                 let mut g = Generation::new(model, prompt, opts)?;
                 g.continuous = continuous;
+                if checkpoint {
+                    g.checkpoint = Checkpoint::Wanted;
+                }
                 if let Some(c) = &mut g.constraint {
                     c.jump = jump;
                 }
@@ -197,11 +212,26 @@ impl Generation {
             self.cached = held;
         }
         self.source = source;
+        self.take_checkpoint();
         Ok(())
     }
 
-    /// Hands the caches on when the generation is closed (`Caches::close`).
+    /// Snapshots the caches once they hold the whole prompt but its last token (see `checkpoint`).
+    /// A snapshot that cannot be had (a failed copy out of a stack) only means no checkpoint.
+    fn take_checkpoint(&mut self) {
+        if matches!(self.checkpoint, Checkpoint::Wanted) && self.prefilled + 1 == self.prompt.len() {
+            if let Ok(Some(caches)) = self.caches.prefix(self.prefilled) {
+                self.checkpoint = Checkpoint::Taken(caches);
+            }
+        }
+    }
+
+    /// Hands the caches on when the generation is closed (`Caches::close`), its checkpoint first.
     fn return_caches(&mut self) -> Result<()> {
+        if let (Checkpoint::Taken(caches), Caches::Prefix(p)) = (std::mem::replace(&mut self.checkpoint, Checkpoint::Off), &self.source) {
+            let tokens = self.prompt[..self.prompt.len() - 1].to_vec();
+            p.cache.borrow_mut().put(tokens, caches, &p.namespace, p.session.as_deref());
+        }
         let source = std::mem::replace(&mut self.source, Caches::Fresh);
         source.close(&mut self.caches, self.prompt.iter().chain(&self.output).copied(), self.ended)
     }
@@ -234,6 +264,7 @@ impl Generation {
             source: Caches::Fresh,
             output: Vec::new(),
             ended: false,
+            checkpoint: Checkpoint::Off,
             opts,
             eos,
             sampler,
@@ -434,6 +465,7 @@ impl Row for Generation {
         self.caches.replace(caches);
         self.prefilled = n;
         self.cached = n;
+        self.take_checkpoint();
     }
 
     fn propose(&mut self, out: &Output<'_>, max: usize) -> Result<Option<Feed>> {
@@ -466,6 +498,7 @@ impl Row for Generation {
         match (&self.fed, logits) {
             (Fed::Prompt(n), _) => {
                 self.prefilled += n;
+                self.take_checkpoint();
                 Ok(Vec::new())
             }
             (Fed::Token(_), Some(logits)) if self.constraint.is_some() => {

@@ -68,7 +68,10 @@ impl InferenceEngine {
     /// What this engine can do, as `resolveExecution` takes it: a model's rows batch
     /// continuously; a scripted method's sessions step alone.
     pub fn capabilities(&self) -> ExecutionCapabilities {
-        capabilities(matches!(self.source, Source::Model { .. }))
+        match self.source {
+            Source::Model { checkpoints, .. } => capabilities(true, checkpoints),
+            Source::Script(_) => capabilities(false, false),
+        }
     }
 
     /// Opens a session for a validated request. Stream sessions start on their first read.

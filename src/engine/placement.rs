@@ -210,9 +210,11 @@ pub fn resolve_execution(r: &ExecutionRequirements, c: &ExecutionCapabilities, f
 /// mlx-bun places those rows as the speculative method), and rows with quantized KV caches
 /// (`quantizedBatch`: they share the batch's forward, attending over their own caches). Everything
 /// else mlx-bun's placement knows (quantized KV under a draft, media, adapters, paged KV,
-/// checkpoints, compiled decode) this engine does not have yet, and the requests that would need
+/// compiled decode) this engine does not have yet, and the requests that would need
 /// it are refused before they get here (`UNSUPPORTED_OPTION`) or, for a draft, run without it.
-pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
+/// `checkpoints`: the model's caches cannot be trimmed (linear attention), so its rows leave a
+/// checkpoint of their caches at the end of their prompt in the prefix cache, in either lane.
+pub fn capabilities(continuous: bool, checkpoints: bool) -> ExecutionCapabilities {
     ExecutionCapabilities {
         method: Method::Autoregressive,
         continuous,
@@ -223,6 +225,8 @@ pub fn capabilities(continuous: bool) -> ExecutionCapabilities {
         shared_speculative_echo: continuous,
         speculative_logprobs: true,
         quantized_batch: continuous,
+        checkpoints,
+        shared_checkpoints: checkpoints && continuous,
         ..Default::default()
     }
 }
@@ -234,7 +238,7 @@ pub fn features(grammar_jump: bool, fill: bool) -> ExecutionFeatures {
 }
 
 /// Where a generation request runs, and whether it uses the prefix cache.
-pub fn for_generation(opts: &GenerateOptions, has_draft: bool, features: &ExecutionFeatures) -> ResolvedExecution {
+pub fn for_generation(opts: &GenerateOptions, has_draft: bool, checkpoints: bool, features: &ExecutionFeatures) -> ResolvedExecution {
     let requirements = ExecutionRequirements {
         has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
         user_seed: opts.sampling.seed != 0,
@@ -245,7 +249,7 @@ pub fn for_generation(opts: &GenerateOptions, has_draft: bool, features: &Execut
         kv_quant: opts.kv.is_on(),
         ..Default::default()
     };
-    resolve_execution(&requirements, &capabilities(true), features)
+    resolve_execution(&requirements, &capabilities(true, checkpoints), features)
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use crate::sample::GenerateOptions;
 /// What the engine's sessions run.
 #[derive(Debug, Clone)]
 pub enum Source {
-    Model { id: ModelId, vocab_size: usize },
+    /// `checkpoints`: the model's caches are restored from checkpoints (`restores_checkpoints`).
+    Model { id: ModelId, vocab_size: usize, checkpoints: bool },
     Script(Script),
 }
 

@@ -315,3 +315,17 @@ fn json_numbers_read_as_javascript_writes_them() {
     assert_eq!(v["contextTokens"].to_string(), "4096");
     assert_eq!(v["usableBytes"].to_string(), "12884901888");
 }
+
+#[test]
+fn a_qwen3_5_config_bills_its_linear_layers_as_recurrent_state() {
+    let cfg = ModelConfig::from_value(
+        json!({"model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 100,
+            "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4}),
+        "config.json".into(),
+    )
+    .unwrap();
+    let t = Text::of(&cfg).unwrap();
+    // Layers 0-2 linear (full attention every 4th), as the model builds them.
+    let state = 3.0 * (4.0 * 16.0 * 16.0 * 4.0 + 3.0 * 128.0 * 2.0);
+    assert_eq!(kv_bytes_at(&t, 100.0, &KvScheme::default()), state + 2.0 * 64.0 * 2.0 * 100.0);
+}

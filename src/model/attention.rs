@@ -61,6 +61,9 @@ pub struct AttentionSpec {
     pub kv: KvSource,
     /// RMSNorm without a weight over each value head (Gemma 4).
     pub v_norm: bool,
+    /// The q projection is twice as wide: each head's queries, then a gate whose sigmoid scales
+    /// that head's output before the output projection (Qwen3.5, Qwen3-Next).
+    pub output_gate: bool,
 }
 
 impl AttentionSpec {
@@ -78,6 +81,7 @@ impl AttentionSpec {
             heads: None,
             kv: KvSource::Projected,
             v_norm: false,
+            output_gate: false,
         }
     }
 }
@@ -107,6 +111,7 @@ pub struct Attention {
     qk_norm_whole: bool,
     /// Norm epsilon of the weightless value norm, when there is one.
     v_norm: Option<f32>,
+    output_gate: bool,
     n_heads: i32,
     n_kv_heads: i32,
     head_dim: i32,
@@ -120,9 +125,13 @@ impl Attention {
         let (d, hd) = (cfg.hidden_size, spec.head_dim);
         let (nh, nkv) = spec.heads.unwrap_or((cfg.num_attention_heads, cfg.num_key_value_heads));
         let proj = |name: &str, heads: usize| Linear::load(w, cfg, &format!("{path}.{name}"), heads * hd, d, spec.qkv_bias);
+        let q_heads = if spec.output_gate { 2 * nh } else { nh };
+        if spec.output_gate && (spec.fused_qkv || spec.kv != KvSource::Projected) {
+            return Err(Error::Internal("gated attention outputs need separate q/k/v projections".into()));
+        }
         let qkv = match spec.kv {
             KvSource::Projected if spec.fused_qkv => Qkv::Fused(Linear::load(w, cfg, &format!("{path}.qkv_proj"), (nh + 2 * nkv) * hd, d, spec.qkv_bias)?),
-            KvSource::Projected => Qkv::Separate { q: proj("q_proj", nh)?, k: proj("k_proj", nkv)?, v: proj("v_proj", nkv)? },
+            KvSource::Projected => Qkv::Separate { q: proj("q_proj", q_heads)?, k: proj("k_proj", nkv)?, v: proj("v_proj", nkv)? },
             KvSource::KeysAsValues => Qkv::KeysAsValues { q: proj("q_proj", nh)?, k: proj("k_proj", nkv)? },
             KvSource::Borrowed => Qkv::QueryOnly(proj("q_proj", nh)?),
         };
@@ -139,6 +148,7 @@ impl Attention {
             k_norm: if borrowed { None } else { norm("k_norm", nkv)? },
             qk_norm_whole: whole,
             v_norm: spec.v_norm.then_some(cfg.rms_norm_eps),
+            output_gate: spec.output_gate,
             n_heads: nh as i32,
             n_kv_heads: nkv as i32,
             head_dim: hd as i32,
@@ -148,8 +158,9 @@ impl Attention {
         })
     }
 
-    /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array)> {
+    /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied, and
+    /// the output gate [B, L, heads · head_dim] when the layer has one.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (mut q, mut k, v) = match &self.qkv {
             Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
@@ -164,6 +175,14 @@ impl Attention {
                 (q.forward(x)?, k.clone(), k)
             }
             Qkv::QueryOnly(_) => return Err(Error::Internal("a layer without keys was asked to project them".into())),
+        };
+        let gate = if self.output_gate {
+            let (nh, hd) = (self.n_heads, self.head_dim);
+            let both = q.reshape(&[b, l, nh, 2 * hd])?;
+            q = both.index((.., .., .., ..hd)).reshape(&[b, l, nh * hd])?;
+            Some(both.index((.., .., .., hd..)).reshape(&[b, l, nh * hd])?)
+        } else {
+            None
         };
         if let (Some(qn), Some(kn), true) = (&self.q_norm, &self.k_norm, self.qk_norm_whole) {
             q = qn.forward(&q)?;
@@ -180,7 +199,7 @@ impl Attention {
         if let Some(eps) = self.v_norm {
             v = fast::rms_norm(&v, None, eps)?;
         }
-        Ok((q, k, v))
+        Ok((q, k, v, gate))
     }
 
     /// The queries alone, [B, heads, L, head_dim], normed (a layer that borrows keys and values).
@@ -197,9 +216,9 @@ impl Attention {
     }
 
     /// `project` for independent rows, q and k rotated at each row's own offset.
-    fn project_rows(&self, x: &Array, offsets: &Array) -> Result<(Array, Array, Array)> {
-        let (q, k, v) = self.project(x)?;
-        Ok((self.rope.forward_rows(&q, offsets)?, self.rope.forward_rows(&k, offsets)?, v))
+    fn project_rows(&self, x: &Array, offsets: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
+        let (q, k, v, gate) = self.project(x)?;
+        Ok((self.rope.forward_rows(&q, offsets)?, self.rope.forward_rows(&k, offsets)?, v, gate))
     }
 
     /// Cache update, then attention, for one sequence whose q and k carry their positions.
@@ -228,8 +247,12 @@ impl Attention {
         }
     }
 
-    fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array> {
-        self.o_proj.forward(&o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    fn output(&self, o: &Array, b: i32, l: i32, gate: Option<Array>) -> Result<Array> {
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        match gate {
+            Some(g) => self.o_proj.forward(&ops::multiply(&o, &ops::sigmoid(&g)?)?),
+            None => self.o_proj.forward(&o),
+        }
     }
 
     /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned (see
@@ -243,6 +266,7 @@ impl Attention {
     /// `layer` is not touched) and returns none.
     pub fn forward_kv(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape, sliding: bool, borrowed: Option<&StepKv>) -> Result<(Array, Option<StepKv>)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
+        let mut gate = None;
         let (o, kv) = match (cache, shape, borrowed) {
             (CacheView::Rows(_), StepShape::Rows(step), Some(StepKv::One(k, v))) => {
                 let q = self.rope.forward(&self.project_queries(x)?, step.offsets[0])?;
@@ -250,7 +274,8 @@ impl Attention {
             }
             (CacheView::Rows(rows), StepShape::Rows(step), None) if b == 1 => {
                 // One sequence: rotated at its offset and attending over its cache, as mlx-lm does.
-                let (q, k, v) = self.project(x)?;
+                let (q, k, v, g) = self.project(x)?;
+                gate = g;
                 let offset = step.offsets[0];
                 let (q, k) = (self.rope.forward(&q, offset)?, self.rope.forward(&k, offset)?);
                 let (o, (k, v)) = self.attend(&q, k, v, step.mask(0, sliding), &mut rows[0][layer])?;
@@ -261,7 +286,8 @@ impl Attention {
                 let offsets = step.rope_offsets(l);
                 let (q, k, v) = match borrowed {
                     None => {
-                        let (q, k, v) = self.project_rows(x, &offsets)?;
+                        let (q, k, v, g) = self.project_rows(x, &offsets)?;
+                        gate = g;
                         (q, Some(k), Some(v))
                     }
                     Some(_) => (self.rope.forward_rows(&self.project_queries(x)?, &offsets)?, None, None),
@@ -293,13 +319,14 @@ impl Attention {
                 (self.attend_stacked(&q, k, v, step)?, None)
             }
             (CacheView::Stacked(stack), StepShape::Stacked(step), None) => {
-                let (q, k, v) = self.project_rows(x, &step.offsets)?;
+                let (q, k, v, g) = self.project_rows(x, &step.offsets)?;
+                gate = g;
                 let (k, v) = stack.update_and_fetch(layer, k, v)?;
                 (self.attend_stacked(&q, &k, &v, step)?, Some(StepKv::Stacked(k, v)))
             }
             _ => return Err(Error::Internal("a step's shape does not match its caches".into())),
         };
-        Ok((self.output(&o, b, l)?, kv))
+        Ok((self.output(&o, b, l, gate)?, kv))
     }
 
     /// Attention over a stacked cache after the step's write (`k`, `v`: every column in use).

@@ -188,17 +188,26 @@ impl ModelConfig {
 
 /// A multimodal checkpoint's language model as mlx-lm runs it: `gemma4` (Gemma 4 E2B/E4B, 26B,
 /// 31B as published, towers for images and audio beside the text model) holds the text model's
-/// config in `text_config`, whose vocabulary is the top level's (mlx-lm's `gemma4.ModelArgs`).
+/// config in `text_config`, whose vocabulary is the top level's (mlx-lm's `gemma4.ModelArgs`);
+/// `qwen3_5` / `qwen3_5_moe` hold all of it there (mlx-lm's `qwen3_5.TextModelArgs`).
 /// The text config becomes the top level; the wrapper's type, quantization block and token ids
 /// stay, so the weights' names and quantized layers are found as the file has them.
 fn language_model(raw: Value) -> Value {
-    let (Some("gemma4"), Some(Value::Object(text))) = (raw.get("model_type").and_then(Value::as_str), raw.get("text_config")) else {
+    let (Some(kind @ ("gemma4" | "qwen3_5" | "qwen3_5_moe")), Some(Value::Object(text))) = (raw.get("model_type").and_then(Value::as_str), raw.get("text_config")) else {
         return raw;
     };
     let mut merged = text.clone();
-    merged.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
-    merged.entry("num_attention_heads").or_insert(Value::from(8));
-    merged.entry("num_key_value_heads").or_insert(Value::from(1));
+    if kind == "gemma4" {
+        merged.insert("vocab_size".into(), raw.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
+        merged.entry("num_attention_heads").or_insert(Value::from(8));
+        merged.entry("num_key_value_heads").or_insert(Value::from(1));
+    } else {
+        // mlx-lm's qwen3_5.TextModelArgs defaults, for keys the text config leaves out.
+        for (key, default) in [("vocab_size", 151_936), ("hidden_size", 4096), ("intermediate_size", 14_336), ("num_hidden_layers", 32), ("num_attention_heads", 32), ("num_key_value_heads", 8)] {
+            merged.entry(key).or_insert(Value::from(default));
+        }
+        merged.entry("rms_norm_eps").or_insert(Value::from(1e-6));
+    }
     for key in ["model_type", "architectures", "quantization", "quantization_config", "eos_token_id", "bos_token_id", "pad_token_id", "torch_dtype", "text_config"] {
         if let Some(v) = raw.get(key) {
             merged.insert(key.into(), v.clone());

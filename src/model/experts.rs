@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
 use super::config::{ModelConfig, QuantParams};
-use super::layers::{Activation, Linear};
+use super::layers::{Activation, Linear, Mlp};
 use super::weights::Weights;
 use crate::error::{Error, Result};
 
@@ -139,12 +139,14 @@ impl SwitchGlu {
     }
 }
 
-/// Each token's top-k experts (SwiGLU MLPs) weighted by the router's scores.
+/// Each token's top-k experts (SwiGLU MLPs) weighted by the router's scores, plus, in
+/// Qwen3-Next and Qwen3.5-MoE, a shared expert every token goes through, scaled by a sigmoid gate.
 pub struct SparseMoe {
     router: Linear,
     experts: SwitchGlu,
     top_k: i32,
     norm_topk_prob: bool,
+    shared: Option<(Mlp, Linear)>,
 }
 
 impl SparseMoe {
@@ -156,7 +158,16 @@ impl SparseMoe {
             experts: SwitchGlu::load(w, cfg, &format!("{path}.switch_mlp"), Some(&each), e.num_experts, e.intermediate_size, Activation::Silu)?,
             top_k: e.top_k as i32,
             norm_topk_prob: e.norm_topk_prob,
+            shared: None,
         })
+    }
+
+    /// `load`, with the shared expert `<path>.shared_expert` (SwiGLU of width `hidden`) and its
+    /// gate `<path>.shared_expert_gate`.
+    pub fn load_with_shared(w: &Weights, cfg: &ModelConfig, path: &str, e: &ExpertsConfig, hidden: usize) -> Result<Self> {
+        let mlp = Mlp::load_sized(w, cfg, &format!("{path}.shared_expert"), Activation::Silu, false, hidden)?;
+        let gate = Linear::load(w, cfg, &format!("{path}.shared_expert_gate"), 1, cfg.hidden_size, false)?;
+        Ok(SparseMoe { shared: Some((mlp, gate)), ..Self::load(w, cfg, path, e)? })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -169,7 +180,11 @@ impl SparseMoe {
         }
         let y = self.experts.forward(x, &inds)?;
         let weighted = ops::multiply(&y, ops::expand_dims(&scores, -1)?)?;
-        Ok(ops::sum_axis(&weighted, -2, false)?.as_dtype(y.dtype())?)
+        let y = ops::sum_axis(&weighted, -2, false)?.as_dtype(y.dtype())?;
+        match &self.shared {
+            Some((mlp, gate)) => Ok(ops::add(&y, &ops::multiply(&ops::sigmoid(&gate.forward(x)?)?, &mlp.forward(x)?)?)?),
+            None => Ok(y),
+        }
     }
 }
 

@@ -158,19 +158,9 @@ fn rope(cfg: &ModelConfig, sliding: bool, head_dim: usize) -> Result<Rope> {
     }
 }
 
-/// Where the text model's tensors are: `model.*` (a text-only checkpoint), `language_model.model.*`
-/// (a multimodal one as mlx-lm and mlx-vlm save it) or `model.language_model.*` (as published),
-/// with its output projection beside.
-fn roots(w: &Weights) -> (&'static str, &'static str) {
-    [("language_model.model", "language_model.lm_head"), ("model.language_model", "lm_head")]
-        .into_iter()
-        .find(|(root, _)| w.has(&format!("{root}.embed_tokens.weight")))
-        .unwrap_or(("model", "lm_head"))
-}
-
 pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     let (n, d, eps) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.rms_norm_eps);
-    let (root, lm_head) = roots(w);
+    let (root, lm_head) = w.text_roots();
     let Sliding { layers: kinds, window } = sliding(&cfg)?;
     // Defaults below are mlx-lm's (gemma4_text.ModelArgs), for keys a config leaves out.
     let shared = cfg.usize_opt("num_kv_shared_layers").unwrap_or(20);

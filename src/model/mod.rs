@@ -10,6 +10,7 @@ pub mod gemma;
 pub mod gemma2;
 pub mod gemma3_text;
 pub mod gemma4_text;
+pub mod gated_delta;
 pub mod glm4;
 pub mod gguf;
 pub mod gguf_config;
@@ -25,6 +26,7 @@ pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod rope;
 pub mod smollm3;
 pub mod starcoder2;
@@ -157,6 +159,7 @@ struct Arch {
 enum Load {
     Decoder(fn(&Weights, ModelConfig) -> Result<decoder::Decoder>),
     Gemma4(fn(&Weights, ModelConfig) -> Result<gemma4_text::Gemma4>),
+    Hybrid(fn(&Weights, ModelConfig) -> Result<qwen3_next::Qwen3Next>),
 }
 
 /// Every layer attends to every position (architectures without sliding-window layers).
@@ -178,6 +181,7 @@ const GLM4: Arch = Arch { load: Load::Decoder(glm4::load), sliding: all_full };
 const GRANITE: Arch = Arch { load: Load::Decoder(granite::load), sliding: all_full };
 const STARCODER2: Arch = Arch { load: Load::Decoder(starcoder2::load), sliding: all_full };
 const MINICPM: Arch = Arch { load: Load::Decoder(minicpm::load), sliding: all_full };
+const QWEN3_NEXT: Arch = Arch { load: Load::Hybrid(qwen3_next::load), sliding: all_full };
 const GEMMA4: Arch = Arch { load: Load::Gemma4(gemma4_text::load), sliding: gemma4_text::sliding };
 
 /// The architecture implementing `config`: its `model_type`, else its HF `architectures` class.
@@ -187,6 +191,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
         "qwen2" => Some(&QWEN2),
         "qwen3" => Some(&QWEN3),
         "qwen3_moe" => Some(&QWEN3_MOE),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => Some(&QWEN3_NEXT),
         "gemma3_text" => Some(&GEMMA3),
         "gemma4_text" | "gemma4" => Some(&GEMMA4),
         "phi3" => Some(&PHI3),
@@ -207,6 +212,7 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
                 "Qwen2ForCausalLM" => Some(&QWEN2),
                 "Qwen3ForCausalLM" => Some(&QWEN3),
                 "Qwen3MoeForCausalLM" => Some(&QWEN3_MOE),
+                "Qwen3NextForCausalLM" | "Qwen3_5ForConditionalGeneration" | "Qwen3_5MoeForConditionalGeneration" => Some(&QWEN3_NEXT),
                 "Gemma3ForCausalLM" => Some(&GEMMA3),
                 "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Some(&GEMMA4),
                 "Phi3ForCausalLM" => Some(&PHI3),
@@ -225,6 +231,13 @@ fn arch(config: &ModelConfig) -> Result<&'static Arch> {
     by_type.or_else(by_class).ok_or_else(|| Error::UnsupportedModelType(config.model_type.clone()))
 }
 
+/// Whether the architecture `config` names has layers whose caches cannot be trimmed back
+/// (linear attention's recurrent state): the prefix cache then restores them only from
+/// checkpoints taken at exact positions (placement's `checkpoints`).
+pub fn restores_checkpoints(config: &ModelConfig) -> bool {
+    arch(config).is_ok_and(|a| matches!(a.load, Load::Hybrid(_)))
+}
+
 /// The sliding-window layers the architecture `config` names would build.
 pub fn sliding_layers(config: &ModelConfig) -> Result<Sliding> {
     (arch(config)?.sliding)(config)
@@ -236,6 +249,11 @@ pub fn create_model(weights: Weights, config: ModelConfig) -> Result<Box<dyn Lan
     Ok(match arch(&config)?.load {
         Load::Decoder(load) => Box::new(decoder::Decoder { fingerprint, ..load(&weights, config)? }),
         Load::Gemma4(load) => {
+            let mut model = load(&weights, config)?;
+            model.fingerprint = fingerprint;
+            Box::new(model)
+        }
+        Load::Hybrid(load) => {
             let mut model = load(&weights, config)?;
             model.fingerprint = fingerprint;
             Box::new(model)

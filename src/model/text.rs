@@ -17,7 +17,13 @@ pub fn text_config(c: &ModelConfig) -> Value {
     // pattern, whatever `layer_types` says); else the config's own list, as mlx-bun reads it.
     let (layer_types, sliding_window) = match sliding_layers(c) {
         Ok(s) => {
-            let kinds: Vec<&str> = s.layers.iter().map(|&slides| if slides { "sliding_attention" } else { "full_attention" }).collect();
+            let mut kinds: Vec<&str> = s.layers.iter().map(|&slides| if slides { "sliding_attention" } else { "full_attention" }).collect();
+            // Qwen3.5 / Qwen3-Next: linear-attention layers hold a recurrent state, not keys.
+            if let (true, Ok(linear)) = (super::restores_checkpoints(c), super::qwen3_next::linear_layers(c)) {
+                for (kind, _) in kinds.iter_mut().zip(linear).filter(|(_, l)| *l) {
+                    *kind = "linear_attention";
+                }
+            }
             let window = if s.layers.contains(&true) { json!(s.window) } else { num("sliding_window", json!(0)) };
             (json!(kinds), window)
         }
@@ -60,7 +66,8 @@ pub fn text_config(c: &ModelConfig) -> Value {
         "layerTypes": layer_types,
         "hiddenSizePerLayerInput": num("hidden_size_per_layer_input", json!(0)),
         "vocabSizePerLayerInput": num("vocab_size_per_layer_input", json!(c.vocab_size)),
-        "numKvSharedLayers": num("num_kv_shared_layers", json!(0)),
+        // mlx-lm's Gemma 4 shares the last 20 layers' keys and values unless the config says.
+        "numKvSharedLayers": num("num_kv_shared_layers", json!(if c.model_type.starts_with("gemma4") { 20 } else { 0 })),
         // Gemma 4's names, else Qwen's (`num_experts_per_tok`: a Qwen MoE always routes).
         "enableMoeBlock": num("enable_moe_block", json!(get("num_experts_per_tok").is_some())),
         "numExperts": num("num_experts", json!(0)),

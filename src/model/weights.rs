@@ -211,6 +211,16 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Where a text model's tensors are, and its output projection: `model.*` (a text-only
+    /// checkpoint), `language_model.model.*` (a multimodal one as mlx-lm and mlx-vlm save it) or
+    /// `model.language_model.*` (as Gemma 4 and Qwen3.5 are published).
+    pub fn text_roots(&self) -> (&'static str, &'static str) {
+        [("language_model.model", "language_model.lm_head"), ("model.language_model", "lm_head")]
+            .into_iter()
+            .find(|(root, _)| self.has(&format!("{root}.embed_tokens.weight")))
+            .unwrap_or(("model", "lm_head"))
+    }
+
     pub fn len(&self) -> usize {
         self.tensors.len()
     }

@@ -50,7 +50,7 @@ pub fn create_engine_native(
 ) -> napi::Result<NativeEngine> {
     let options = EngineOptions::from_json(&options.unwrap_or(Value::Null)).map_err(js_error)?;
     let (id, config, disposed) = model.handle()?;
-    let source = Source::Model { id, vocab_size: config.vocab_size };
+    let source = Source::Model { id, vocab_size: config.vocab_size, checkpoints: crate::model::restores_checkpoints(&config) };
     let chat = OnceLock::new();
     let template = chat_template.map(|c| c.core().clone());
     if let Some(t) = tokenizer {

@@ -132,7 +132,7 @@ impl App {
             memory_budget_bytes: options.memory_budget_bytes,
             ..Default::default()
         };
-        let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size }, limits);
+        let engine = InferenceEngine::new(Source::Model { id: ctx.model, vocab_size: ctx.vocab_size, checkpoints: ctx.checkpoints }, limits);
         App { ctx, options, engine }
     }
 }

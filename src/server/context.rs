@@ -44,6 +44,8 @@ pub struct ServerContext {
     /// The model's end-of-sequence ids: config.json's, then the tokenizer's.
     pub eos_ids: Vec<u32>,
     pub vocab_size: usize,
+    /// The model's caches are restored from checkpoints (`restores_checkpoints`).
+    pub checkpoints: bool,
     pub defaults: ModelDefaults,
     /// When the model was loaded (seconds since the epoch, `created` in `/v1/models`).
     pub created: u64,
@@ -84,6 +86,7 @@ impl ServerContext {
         let eos_ids = eos_ids(&config, &tokenizer);
         let defaults = if path.is_dir() { read_defaults(&path.join("generation_config.json"))? } else { ModelDefaults::default() };
         let vocab_size = config.vocab_size;
+        let checkpoints = crate::model::restores_checkpoints(&config);
         let kv_config = config.kv_quant.iter().flatten().map(|s| (s.layer_idx, KvQuant { bits: s.bits, group_size: s.group_size })).collect();
         let (model, loaded) = EngineThread::get().load(Box::new(move || Ok(weights)), config);
         let id = id.unwrap_or_else(|| {
@@ -91,7 +94,7 @@ impl ServerContext {
             name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
         });
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, defaults, created, fit, draft: None, kv_config }, loaded))
+        Ok((ServerContext { id, model, tokenizer, template, eos_ids, vocab_size, checkpoints, defaults, created, fit, draft: None, kv_config }, loaded))
     }
 
     /// Queues the load of a draft model (speculative decoding, `tokens` proposals per step) for

@@ -1,0 +1,255 @@
+//! The gated DeltaNet linear-attention layer of Qwen3.5 and Qwen3-Next (mlx-lm's
+//! `GatedDeltaNet` and `gated_delta.py`, its ops path). Instead of attending over every earlier
+//! position, each token updates a fixed-size state per value head, [value_dim, key_dim], by the
+//! delta rule: the state decays by a learned gate, then moves towards storing the token's value
+//! under its key (by `beta`); the token's output reads the state with its query. Queries, keys
+//! and values first pass through a short causal depthwise convolution over the last `kernel`
+//! tokens, so the cache (`RecurrentCache`) is that convolution's last inputs and the state.
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::{fast, ops, Array, Dtype};
+
+use super::config::ModelConfig;
+use super::layers::{scalar, Linear, RmsNorm};
+use super::weights::Weights;
+use crate::cache::{CacheView, LayerCache, RecurrentCache, StepShape};
+use crate::error::{Error, Result};
+
+/// How the input projections are stored.
+enum InProj {
+    /// Qwen3.5: q, k, v in one projection (the convolution's channels), z, b and a apart.
+    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+    /// Qwen3-Next: q, k, v, z in one projection and b, a in another, grouped by key head.
+    Grouped { qkvz: Linear, ba: Linear },
+}
+
+/// The sizes of a model's linear-attention layers, read and checked once.
+#[derive(Clone, Copy)]
+pub struct DeltaSizes {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub kernel: usize,
+}
+
+impl DeltaSizes {
+    pub fn read(cfg: &ModelConfig) -> Result<Self> {
+        let need = |k: &str| cfg.usize_opt(k).filter(|&n| n > 0 && n <= 1 << 16).ok_or_else(|| Error::config(&cfg.source, format!("{} needs {k} (1 to 65536)", cfg.model_type)));
+        let s = DeltaSizes {
+            k_heads: need("linear_num_key_heads")?,
+            v_heads: need("linear_num_value_heads")?,
+            k_dim: need("linear_key_head_dim")?,
+            v_dim: need("linear_value_head_dim")?,
+            kernel: cfg.usize_opt("linear_conv_kernel_dim").unwrap_or(4),
+        };
+        if s.v_heads % s.k_heads != 0 {
+            return Err(Error::config(&cfg.source, format!("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", s.v_heads, s.k_heads)));
+        }
+        if !(1..=64).contains(&s.kernel) {
+            return Err(Error::config(&cfg.source, format!("linear_conv_kernel_dim {} is not 1 to 64", s.kernel)));
+        }
+        Ok(s)
+    }
+
+    fn key_dim(&self) -> usize {
+        self.k_heads * self.k_dim
+    }
+
+    fn value_dim(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+pub struct GatedDeltaNet {
+    in_proj: InProj,
+    /// Depthwise, [channels, kernel, 1].
+    conv: Array,
+    dt_bias: Array,
+    a_log: Array,
+    /// RMSNorm of each head's output, then gated by silu(z).
+    norm: RmsNorm,
+    out_proj: Linear,
+    s: DeltaSizes,
+}
+
+impl GatedDeltaNet {
+    /// `<path>.*` (mlx-lm's names); `grouped`: Qwen3-Next's fused projections.
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, s: DeltaSizes, grouped: bool) -> Result<Self> {
+        let (d, kd, vd) = (cfg.hidden_size, s.key_dim(), s.value_dim());
+        let lin = |name: &str, out: usize, inp: usize| Linear::load(w, cfg, &format!("{path}.{name}"), out, inp, false);
+        let in_proj = if grouped {
+            InProj::Grouped { qkvz: lin("in_proj_qkvz", 2 * kd + 2 * vd, d)?, ba: lin("in_proj_ba", 2 * s.v_heads, d)? }
+        } else {
+            InProj::Split { qkv: lin("in_proj_qkv", 2 * kd + vd, d)?, z: lin("in_proj_z", vd, d)?, b: lin("in_proj_b", s.v_heads, d)?, a: lin("in_proj_a", s.v_heads, d)? }
+        };
+        Ok(GatedDeltaNet {
+            in_proj,
+            conv: conv_weight(w, &format!("{path}.conv1d.weight"), s.conv_dim(), s.kernel)?,
+            dt_bias: w.array_shaped(&format!("{path}.dt_bias"), &[s.v_heads])?,
+            a_log: w.array_shaped(&format!("{path}.A_log"), &[s.v_heads])?,
+            norm: RmsNorm::load(w, &format!("{path}.norm"), s.v_dim, cfg.rms_norm_eps)?,
+            out_proj: lin("out_proj", d, vd)?,
+            s,
+        })
+    }
+
+    /// The convolution's inputs (q, k, v) [B, S, channels], z [B, S, Hv, Dv], b and a [B, S, Hv].
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Array)> {
+        let (b_, s_) = (x.shape()[0], x.shape()[1]);
+        let DeltaSizes { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv, .. } = self.s;
+        let (nk, nv, dk, dv) = (nk as i32, nv as i32, dk as i32, dv as i32);
+        match &self.in_proj {
+            InProj::Split { qkv, z, b, a } => Ok((qkv.forward(x)?, z.forward(x)?.reshape(&[b_, s_, nv, dv])?, b.forward(x)?, a.forward(x)?)),
+            InProj::Grouped { qkvz, ba } => {
+                // Per key head: its query, key, then the values and z of its value heads.
+                let per = nv / nk * dv;
+                let m = qkvz.forward(x)?.reshape(&[b_, s_, nk, -1])?;
+                let (q, k) = (m.index((.., .., .., ..dk)), m.index((.., .., .., dk..2 * dk)));
+                let (v, z) = (m.index((.., .., .., 2 * dk..2 * dk + per)), m.index((.., .., .., 2 * dk + per..)));
+                let ba = ba.forward(x)?.reshape(&[b_, s_, nk, -1])?;
+                let (b, a) = (ba.index((.., .., .., ..nv / nk)).reshape(&[b_, s_, nv])?, ba.index((.., .., .., nv / nk..)).reshape(&[b_, s_, nv])?);
+                let flat = |t: &Array| t.reshape(&[b_, s_, -1]);
+                let qkv = ops::concatenate(&[flat(&q)?, flat(&k)?, flat(&v)?], -1)?;
+                Ok((qkv, z.reshape(&[b_, s_, nv, dv])?, b, a))
+            }
+        }
+    }
+
+    /// One sequence's new tokens `x` [1, S, D] over its cache.
+    fn forward_one(&self, x: &Array, cache: &mut RecurrentCache) -> Result<Array> {
+        let (b_, s_) = (x.shape()[0], x.shape()[1]);
+        let DeltaSizes { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv, kernel } = self.s;
+        let (qkv, z, b, a) = self.project(x)?;
+        let keep = kernel as i32 - 1;
+        let conv_state = match cache.get().0 {
+            Some(c) => c.clone(),
+            None => ops::zeros_dtype(&[b_, keep, self.s.conv_dim() as i32], x.dtype())?,
+        };
+        let conv_input = ops::concatenate(&[conv_state, qkv], 1)?;
+        let total = conv_input.shape()[1];
+        let new_conv = conv_input.index((.., total - keep.., ..)).contiguous()?;
+        let conv_out = mlx_rs::nn::silu(ops::conv1d(&conv_input, &self.conv, 1, 0, 1, self.s.conv_dim() as i32)?)?;
+        let (kd, nk_i, nv_i) = ((nk * dk) as i32, nk as i32, nv as i32);
+        let q = conv_out.index((.., .., ..kd)).reshape(&[b_, s_, nk_i, dk as i32])?;
+        let k = conv_out.index((.., .., kd..2 * kd)).reshape(&[b_, s_, nk_i, dk as i32])?;
+        let v = conv_out.index((.., .., 2 * kd..)).reshape(&[b_, s_, nv_i, dv as i32])?;
+        let (q, k) = normalize_qk(&q, &k, dk)?;
+        let state = match cache.get().1 {
+            Some(s) => s.clone(),
+            None => ops::zeros_dtype(&[b_, nv_i, dv as i32, dk as i32], Dtype::Float32)?,
+        };
+        let (out, state) = gated_delta(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state)?;
+        cache.set(new_conv, state, s_ as usize);
+        let out = precise_swiglu(&out, &z, &self.norm.forward(&out)?)?;
+        self.out_proj.forward(&out.reshape(&[b_, s_, -1])?)
+    }
+
+    /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned; each
+    /// row runs over its own state, exactly as alone (the padding in front never reaches it).
+    pub fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape) -> Result<Array> {
+        let (CacheView::Rows(rows), StepShape::Rows(step)) = (cache, shape) else {
+            return Err(Error::Internal("linear-attention layers do not stack".into()));
+        };
+        let l = x.shape()[1];
+        let mut outs = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
+            let LayerCache::Recurrent(c) = &mut row[layer] else {
+                return Err(Error::Internal(format!("layer {layer} is linear attention but its cache is not recurrent")));
+            };
+            let pad = l - step.counts[i];
+            let i = i as i32;
+            let xi = if x.shape()[0] == 1 { x.clone() } else { x.index((i..i + 1, pad.., ..)) };
+            let o = self.forward_one(&xi, c)?;
+            outs.push(if pad == 0 { o } else { ops::concatenate(&[ops::zeros_dtype(&[1, pad, o.shape()[2]], o.dtype())?, o], 1)? });
+        }
+        Ok(if outs.len() == 1 { outs.pop().expect("one row") } else { ops::concatenate(&outs, 0)? })
+    }
+}
+
+/// The depthwise convolution's weight as MLX wants it, [channels, kernel, 1]; a Hugging Face
+/// checkpoint stores [channels, 1, kernel] (mlx-lm's sanitize moves the axis).
+fn conv_weight(w: &Weights, name: &str, channels: usize, kernel: usize) -> Result<Array> {
+    let t = w.get(name).ok_or_else(|| Error::tensor(name, "missing"))?;
+    if t.shape == [channels, 1, kernel] && kernel != 1 {
+        return Ok(w.array_shaped(name, &[channels, 1, kernel])?.swap_axes(1, 2)?);
+    }
+    w.array_shaped(name, &[channels, kernel, 1])
+}
+
+/// Whether the weights are a Hugging Face checkpoint's (convolutions not yet in MLX's layout),
+/// whose RMSNorms scale by (1 + weight).
+pub fn is_hf_layout(w: &Weights, conv_name: &str) -> bool {
+    w.get(conv_name).is_some_and(|t| t.shape.last().is_some_and(|&k| k != 1))
+}
+
+/// mlx-lm's `normalize_qk`: q and k L2-normalised (through RMSNorm, its epsilon scaled to match),
+/// q also scaled by key_dim^-½.
+fn normalize_qk(q: &Array, k: &Array, dk: usize) -> Result<(Array, Array)> {
+    let inv = (dk as f64).powf(-0.5);
+    let eps = (1e-6 * inv * inv) as f32;
+    let q = ops::multiply(&scalar((inv * inv) as f32, q)?, &fast::rms_norm(q, None, eps)?)?;
+    let k = ops::multiply(&scalar(inv as f32, k)?, &fast::rms_norm(k, None, eps)?)?;
+    Ok((q, k))
+}
+
+/// The delta rule over S tokens (mlx-lm's `gated_delta_update` on its ops path): q, k
+/// [B, S, Hk, Dk], v [B, S, Hv, Dv], a and b [B, S, Hv], state [B, Hv, Dv, Dk] in f32. Returns
+/// the outputs [B, S, Hv, Dv] and the state after the last token.
+#[allow(clippy::too_many_arguments)]
+fn gated_delta(q: &Array, k: &Array, v: &Array, a: &Array, b: &Array, a_log: &Array, dt_bias: &Array, mut state: Array) -> Result<(Array, Array)> {
+    let beta = ops::sigmoid(b)?;
+    let g = decay(a_log, a, dt_bias)?;
+    let repeat = v.shape()[2] / q.shape()[2];
+    let (q, k) = if repeat > 1 { (ops::repeat_axis::<f32>(q.clone(), repeat, -2)?, ops::repeat_axis::<f32>(k.clone(), repeat, -2)?) } else { (q.clone(), k.clone()) };
+    let steps = q.shape()[1];
+    let mut ys = Vec::with_capacity(steps as usize);
+    let mut step = compile(delta_step, false);
+    for t in 0..steps {
+        let at = |x: &Array| x.index((.., t));
+        let out = step(&[at(&q), at(&k), at(v), at(&g), at(&beta), state])?;
+        let [y, s]: [Array; 2] = out.try_into().map_err(|_| Error::Internal("the delta step returns two arrays".into()))?;
+        ys.push(y);
+        state = s;
+    }
+    Ok((ops::stack(&ys, 1)?, state))
+}
+
+/// One token of the delta rule (mlx-lm's compiled `_gated_delta_step_ops`): q, k [B, H, Dk],
+/// v [B, H, Dv], g and beta [B, H], state [B, H, Dv, Dk].
+fn delta_step(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let [q, k, v, g, beta, state] = args else { unreachable!("six arguments") };
+    let state = ops::multiply(state, ops::expand_dims_axes(g, &[-1, -2])?)?;
+    let k = ops::expand_dims(k, -2)?;
+    let kv_mem = ops::sum_axis(&ops::multiply(&state, &k)?, -1, false)?;
+    let delta = ops::multiply(&ops::subtract(v, &kv_mem)?, ops::expand_dims(beta, -1)?)?;
+    let state = ops::add(&state, &ops::multiply(&k, ops::expand_dims(&delta, -1)?)?)?;
+    let y = ops::sum_axis(&ops::multiply(&state, ops::expand_dims(q, -2)?)?, -1, false)?;
+    Ok(vec![y.as_dtype(q.dtype())?, state])
+}
+
+/// Each token's state decay: exp(-exp(A_log) · softplus(a + dt_bias)) in f32 (mlx-lm's compiled
+/// `compute_g`).
+fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+    let f = |(a_log, a, dt_bias): (&Array, &Array, &Array)| -> std::result::Result<Array, Exception> {
+        let x = ops::add(a, dt_bias)?;
+        let softplus = ops::logaddexp(&x, Array::from_f32(0.0).as_dtype(x.dtype())?)?;
+        ops::exp(ops::multiply(ops::negative(ops::exp(a_log.as_dtype(Dtype::Float32)?)?)?, softplus)?)
+    };
+    Ok(compile(f, true)((a_log, a, dt_bias))?)
+}
+
+/// silu(gate) · x computed in f32, in `h`'s dtype (mlx-lm's compiled `precise_swiglu`).
+fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array> {
+    let f = |(h, gate, x): (&Array, &Array, &Array)| -> std::result::Result<Array, Exception> {
+        let g = gate.as_dtype(Dtype::Float32)?;
+        ops::multiply(ops::multiply(&g, ops::sigmoid(&g)?)?, x.as_dtype(Dtype::Float32)?)?.as_dtype(h.dtype())
+    };
+    Ok(compile(f, true)((h, gate, x))?)
+}
