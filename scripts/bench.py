@@ -27,7 +27,7 @@ from mlx_lm.generate import generate_step
 model_path, n_prompt, n_gen, repeats, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 kv = {} if sys.argv[6] == "none" else {"kv_bits": int(sys.argv[6]), "kv_group_size": 64, "quantized_kv_start": int(sys.argv[7])}
 model, tok = load(model_path)
-vocab = model.args.vocab_size
+vocab = getattr(model.args, "vocab_size", None) or model.args.text_config["vocab_size"]  # wrappers (qwen3_5) keep it in text_config
 prompt = mx.array([(i * 7919 + 13) % vocab for i in range(n_prompt)])
 def run(n):
     t0 = time.perf_counter(); first = None; count = 0

@@ -27,7 +27,7 @@ def main():
     model_path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     streams = [int(s) for s in sys.argv[4:]]
     model, _ = load(model_path)
-    vocab = model.args.vocab_size
+    vocab = getattr(model.args, "vocab_size", None) or model.args.text_config["vocab_size"]  # wrappers (qwen3_5) keep it in text_config
     prompts = [[(i * 7919 + 13 + 101 * s) % vocab for i in range(n_prompt)] for s in range(max(streams))]
     batch_generate(model, NoStop(), prompts[:2], max_tokens=4)  # warm-up
     for n in streams:

@@ -47,6 +47,19 @@ MODELS = {
         "max_position_embeddings": 32768, "final_logit_softcapping": 30.0,
         "tie_word_embeddings": True, "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
     },
+    # Qwen3.5 as its small dense models are, scaled down: 8 layers, every 4th full attention
+    # (8 heads of 64, 2 KV heads, a quarter of each head rotated, output gates), the others gated
+    # DeltaNet (4 key heads and 8 value heads of 64, kernel 4): ~90M parameters.
+    "qwen3_5": {
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "hidden_size": 512,
+        "num_hidden_layers": 8, "intermediate_size": 1536, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 64, "full_attention_interval": 4,
+        "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+        "rope_parameters": {"type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
+    },
 }
 
 

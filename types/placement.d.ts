@@ -22,6 +22,7 @@ export interface ExecutionCapabilities {
   continuous: boolean
   quantizedBatch: boolean
   grammarBatch: boolean
+  /** The model's caches cannot be trimmed (Qwen3.5 / Qwen3-Next linear attention): rows leave a checkpoint at the end of their prompt in the prefix cache. */
   checkpoints: boolean
   compiledDecode?: boolean
   speculativeKvQuant?: boolean
@@ -38,6 +39,7 @@ export interface ExecutionCapabilities {
   mediaPrefixCache?: boolean
   sharedFill?: boolean
   sharedSpeculativeEcho?: boolean
+  /** Checkpoints in the continuous lane too (this engine: whenever `checkpoints`). */
   sharedCheckpoints?: boolean
 }
 

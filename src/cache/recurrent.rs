@@ -21,10 +21,10 @@ impl RecurrentCache {
         self.offset
     }
 
-    /// The convolution inputs and recurrent state after the positions seen so far (`None` before
-    /// the first).
-    pub fn get(&self) -> (Option<&Array>, Option<&Array>) {
-        (self.conv.as_ref(), self.state.as_ref())
+    /// Part 0, the convolution inputs, or part 1, the recurrent state, after the positions seen
+    /// so far (`None` before the first).
+    pub fn get_part(&self, part: usize) -> Option<&Array> {
+        if part == 0 { self.conv.as_ref() } else { self.state.as_ref() }
     }
 
     /// Records a step of `n` positions that left `conv` and `state`.

@@ -122,54 +122,91 @@ impl GatedDeltaNet {
         }
     }
 
-    /// One sequence's new tokens `x` [1, S, D] over its cache.
-    fn forward_one(&self, x: &Array, cache: &mut RecurrentCache) -> Result<Array> {
-        let (b_, s_) = (x.shape()[0], x.shape()[1]);
+    /// The convolution and the delta rule for rows of S tokens each: `qkv` [B, S, channels], b
+    /// and a [B, S, Hv], from each row's convolution inputs and state (`None`: zeros, a row's
+    /// first step). Returns the outputs [B, S, Hv, Dv], the convolution inputs to keep and the
+    /// states after the last token.
+    fn mix(&self, qkv: Array, b: &Array, a: &Array, conv_state: Option<Array>, state: Option<Array>) -> Result<(Array, Array, Array)> {
+        let (b_, s_) = (qkv.shape()[0], qkv.shape()[1]);
         let DeltaSizes { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv, kernel } = self.s;
-        let (qkv, z, b, a) = self.project(x)?;
         let keep = kernel as i32 - 1;
-        let conv_state = match cache.get().0 {
-            Some(c) => c.clone(),
-            None => ops::zeros_dtype(&[b_, keep, self.s.conv_dim() as i32], x.dtype())?,
+        let conv_state = match conv_state {
+            Some(c) => c,
+            None => ops::zeros_dtype(&[b_, keep, self.s.conv_dim() as i32], qkv.dtype())?,
         };
         let conv_input = ops::concatenate(&[conv_state, qkv], 1)?;
         let total = conv_input.shape()[1];
         let new_conv = conv_input.index((.., total - keep.., ..)).contiguous()?;
         let conv_out = mlx_rs::nn::silu(ops::conv1d(&conv_input, &self.conv, 1, 0, 1, self.s.conv_dim() as i32)?)?;
-        let (kd, nk_i, nv_i) = ((nk * dk) as i32, nk as i32, nv as i32);
-        let q = conv_out.index((.., .., ..kd)).reshape(&[b_, s_, nk_i, dk as i32])?;
-        let k = conv_out.index((.., .., kd..2 * kd)).reshape(&[b_, s_, nk_i, dk as i32])?;
-        let v = conv_out.index((.., .., 2 * kd..)).reshape(&[b_, s_, nv_i, dv as i32])?;
-        let (q, k) = normalize_qk(&q, &k, dk)?;
-        let state = match cache.get().1 {
-            Some(s) => s.clone(),
-            None => ops::zeros_dtype(&[b_, nv_i, dv as i32, dk as i32], Dtype::Float32)?,
+        let (kd, nk, nv, dk, dv) = ((nk * dk) as i32, nk as i32, nv as i32, dk as i32, dv as i32);
+        let q = conv_out.index((.., .., ..kd)).reshape(&[b_, s_, nk, dk])?;
+        let k = conv_out.index((.., .., kd..2 * kd)).reshape(&[b_, s_, nk, dk])?;
+        let v = conv_out.index((.., .., 2 * kd..)).reshape(&[b_, s_, nv, dv])?;
+        let (q, k) = normalize_qk(&q, &k, dk as usize)?;
+        let state = match state {
+            Some(s) => s,
+            None => ops::zeros_dtype(&[b_, nv, dv, dk], Dtype::Float32)?,
         };
-        let (out, state) = gated_delta(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state)?;
-        cache.set(new_conv, state, s_ as usize);
-        let out = precise_swiglu(&out, &z, &self.norm.forward(&out)?)?;
-        self.out_proj.forward(&out.reshape(&[b_, s_, -1])?)
+        let (out, state) = gated_delta(&q, &k, &v, a, b, &self.a_log, &self.dt_bias, state)?;
+        Ok((out, new_conv, state))
     }
 
-    /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned; each
-    /// row runs over its own state, exactly as alone (the padding in front never reaches it).
+    /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned. The
+    /// projections run for the whole batch; each row's convolution and delta rule run over its
+    /// own tokens and state (the padding in front never reaches them), all rows at once when
+    /// each feeds one token (a decode step), row by row otherwise.
     pub fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape) -> Result<Array> {
         let (CacheView::Rows(rows), StepShape::Rows(step)) = (cache, shape) else {
             return Err(Error::Internal("linear-attention layers do not stack".into()));
         };
-        let l = x.shape()[1];
-        let mut outs = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter_mut().enumerate() {
-            let LayerCache::Recurrent(c) = &mut row[layer] else {
-                return Err(Error::Internal(format!("layer {layer} is linear attention but its cache is not recurrent")));
+        let (b_, l) = (x.shape()[0], x.shape()[1]);
+        let (qkv, z, b, a) = self.project(x)?;
+        let mut caches = rows
+            .iter_mut()
+            .map(|row| match &mut row[layer] {
+                LayerCache::Recurrent(c) => Ok(c),
+                _ => Err(Error::Internal(format!("layer {layer} is linear attention but its cache is not recurrent"))),
+            })
+            .collect::<Result<Vec<&mut RecurrentCache>>>()?;
+        let out = if b_ == 1 || l == 1 {
+            // Every row feeds all L columns: one call over the stacked states.
+            let stacked = |part: usize, like: &dyn Fn() -> Result<Array>| -> Result<Option<Array>> {
+                if b_ == 1 {
+                    return Ok(caches[0].get_part(part).cloned());
+                }
+                let each = caches.iter().map(|c| c.get_part(part).cloned().map_or_else(like, Ok)).collect::<Result<Vec<_>>>()?;
+                Ok(Some(ops::concatenate(&each, 0)?))
             };
-            let pad = l - step.counts[i];
-            let i = i as i32;
-            let xi = if x.shape()[0] == 1 { x.clone() } else { x.index((i..i + 1, pad.., ..)) };
-            let o = self.forward_one(&xi, c)?;
-            outs.push(if pad == 0 { o } else { ops::concatenate(&[ops::zeros_dtype(&[1, pad, o.shape()[2]], o.dtype())?, o], 1)? });
-        }
-        Ok(if outs.len() == 1 { outs.pop().expect("one row") } else { ops::concatenate(&outs, 0)? })
+            let keep = self.s.kernel as i32 - 1;
+            let conv = stacked(0, &|| Ok(ops::zeros_dtype(&[1, keep, self.s.conv_dim() as i32], x.dtype())?))?;
+            let (nv, dv, dk) = (self.s.v_heads as i32, self.s.v_dim as i32, self.s.k_dim as i32);
+            let state = stacked(1, &|| Ok(ops::zeros_dtype(&[1, nv, dv, dk], Dtype::Float32)?))?;
+            let (out, conv, state) = self.mix(qkv, &b, &a, conv, state)?;
+            for (i, c) in (0..).zip(caches.iter_mut()) {
+                let row = |t: &Array| if b_ == 1 { t.clone() } else { t.index(i..i + 1) };
+                c.set(row(&conv), row(&state), l as usize);
+            }
+            out
+        } else {
+            let mut outs = Vec::with_capacity(caches.len());
+            for (i, c) in caches.iter_mut().enumerate() {
+                let pad = l - step.counts[i];
+                let i = i as i32;
+                let row = |t: &Array| t.index((i..i + 1, pad..));
+                let (out, conv, state) = self.mix(row(&qkv), &row(&b), &row(&a), c.get_part(0).cloned(), c.get_part(1).cloned())?;
+                c.set(conv, state, (l - pad) as usize);
+                outs.push(if pad == 0 {
+                    out
+                } else {
+                    let s = out.shape();
+                    ops::concatenate(&[ops::zeros_dtype(&[1, pad, s[2], s[3]], out.dtype())?, out], 1)?
+                });
+            }
+            ops::concatenate(&outs, 0)?
+        };
+        // Padded positions hold zeros, which the norm keeps finite; nothing reads them.
+        let out = precise_swiglu(&out, &z, &self.norm.forward(&out)?)?;
+        self.out_proj.forward(&out.reshape(&[b_, l, -1])?)
     }
 }
 
