@@ -4,7 +4,8 @@
 // phi3 with partial rotary + su RoPE, gemma, gemma2 with both soft-caps, smollm3 with NoPE and
 // sliding layers, olmo2, glm4, granite with its multipliers, starcoder2, minicpm, qwen3_moe with
 // dense and expert layers, gemma4_text as E2B/E4B are (per-layer inputs, KV shared between layers)
-// and as 26B-A4B is (experts beside the MLP, keys as values)), each as an f32
+// and as 26B-A4B is (experts beside the MLP, keys as values), qwen3_5 / qwen3_5_moe / qwen3_next
+// (gated DeltaNet linear attention beside gated full attention, experts with a shared expert)), each as an f32
 // folder and an MLX 4-bit g32 copy. Folders and references are made by scripts/tiny_models.py
 // into <fixtures>/tiny.
 const { test, describe } = require('node:test')
@@ -198,6 +199,26 @@ describe('architectures: linear-attention models restore checkpoints', () => {
   }
 })
 
+/** `model` gives mlx-lm's last-position logits (within 1e-4) and greedy tokens on `m`'s prompts. */
+async function assertLikeReference(model, m, what) {
+  for (const p of m.prompts) {
+    const ours = await model.logits(p.ids)
+    const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
+    assert.ok(max <= 1e-4, `${what}: max |logit diff| ${max}`)
+    assertTokens(await greedy(model, p.ids), p.tokens, `${what} prompt of ${p.ids.length} ids`)
+  }
+}
+
+/** Experts as published: gate [e, h, d] and up [e, h, d] (f32) as one [e, 2h, d], gate rows first. */
+function fuseGateUp(gate, up, [e, h, d]) {
+  const data = new Float32Array(e * 2 * h * d)
+  for (let i = 0; i < e; i++) {
+    data.set(gate.subarray(i * h * d, (i + 1) * h * d), i * 2 * h * d)
+    data.set(up.subarray(i * h * d, (i + 1) * h * d), (i * 2 + 1) * h * d)
+  }
+  return { shape: [e, 2 * h, d], data }
+}
+
 /** The tensors of a safetensors file: name -> { shape, data (raw little-endian bytes) }. */
 function readSafetensors(file) {
   const buf = fs.readFileSync(file)
@@ -305,12 +326,7 @@ describe('architectures: GGUF files in llama.cpp\'s layout equal their folders',
       const model = await mlx.loadModel(file)
       try {
         assert.equal(model.config.modelType, m.model_type)
-        for (const p of m.prompts) {
-          const ours = await model.logits(p.ids)
-          const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
-          assert.ok(max <= 1e-4, `${name} GGUF: max |logit diff| ${max}`)
-          assertTokens(await greedy(model, p.ids), p.tokens, `${name} GGUF prompt of ${p.ids.length} ids`)
-        }
+        await assertLikeReference(model, m, `${name} GGUF`)
       } finally {
         model.dispose()
       }
@@ -334,15 +350,7 @@ describe('architectures: Gemma 4 as published (Hugging Face layout)', () => {
       const hf = name.replace(/^language_model\.model\./, 'model.language_model.')
       const up = name.replace('.switch_glu.gate_proj.weight', '.switch_glu.up_proj.weight')
       if (name.endsWith('.switch_glu.gate_proj.weight')) {
-        const [e, h, d] = t.shape
-        const gate = f32(t)
-        const upData = f32(src[up])
-        const data = new Float32Array(e * 2 * h * d)
-        for (let i = 0; i < e; i++) {
-          data.set(gate.subarray(i * h * d, (i + 1) * h * d), i * 2 * h * d)
-          data.set(upData.subarray(i * h * d, (i + 1) * h * d), (i * 2 + 1) * h * d)
-        }
-        tensors[hf.replace('.switch_glu.gate_proj.weight', '.gate_up_proj')] = { shape: [e, 2 * h, d], data }
+        tensors[hf.replace('.switch_glu.gate_proj.weight', '.gate_up_proj')] = fuseGateUp(f32(t), f32(src[up]), t.shape)
       } else if (name.endsWith('.switch_glu.down_proj.weight')) {
         tensors[hf.replace('.switch_glu.down_proj.weight', '.down_proj')] = { shape: t.shape, data: f32(t) }
       } else if (!name.endsWith('.switch_glu.up_proj.weight')) {
@@ -365,12 +373,49 @@ describe('architectures: Gemma 4 as published (Hugging Face layout)', () => {
     const model = await mlx.loadModel(dir)
     try {
       assert.equal(model.config.modelType, 'gemma4')
-      for (const p of m.prompts) {
-        const ours = await model.logits(p.ids)
-        const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
-        assert.ok(max <= 1e-4, `max |logit diff| ${max}`)
-        assertTokens(await greedy(model, p.ids), p.tokens, `prompt of ${p.ids.length} ids`)
+      await assertLikeReference(model, m, 'Gemma 4 as published')
+    } finally {
+      model.dispose()
+    }
+  })
+})
+
+describe('architectures: Qwen3.5-MoE as published (Hugging Face layout)', () => {
+  // The tiny Qwen3.5-MoE written back in the published layout, which mlx-lm's sanitize maps onto
+  // its own: the text model under model.language_model, RMSNorm weights stored as w where the
+  // model scales by 1 + w (all but the linear layers' gated norms), convolutions as
+  // [channels, 1, kernel], each layer's experts as one gate_up_proj (gate rows first) and one
+  // down_proj, a vision tower the text model does not read.
+  test('gives the logits and tokens of mlx-lm on its own layout', { timeout: 120_000 }, async () => {
+    const m = ref.models.find((x) => x.name === 'qwen3_5_moe')
+    const dir = tmpdir('qwen3_5_moe-hf')
+    const f32 = (t) => new Float32Array(t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.length))
+    const src = readSafetensors(fixture('tiny/qwen3_5_moe/model.safetensors'))
+    const centred = ['.input_layernorm.weight', '.post_attention_layernorm.weight', 'model.norm.weight', '.q_norm.weight', '.k_norm.weight']
+    const tensors = {}
+    for (const [name, t] of Object.entries(src)) {
+      const hf = name.replace(/^language_model\.model\./, 'model.language_model.')
+      if (name.endsWith('.switch_mlp.gate_proj.weight')) {
+        tensors[hf.replace('.switch_mlp.gate_proj.weight', '.experts.gate_up_proj')] = fuseGateUp(f32(t), f32(src[name.replace('.gate_proj.', '.up_proj.')]), t.shape)
+      } else if (name.endsWith('.switch_mlp.down_proj.weight')) {
+        tensors[hf.replace('.switch_mlp.down_proj.weight', '.experts.down_proj')] = { shape: t.shape, data: f32(t) }
+      } else if (name.endsWith('.conv1d.weight')) {
+        // [channels, kernel, 1] and [channels, 1, kernel] hold the same numbers in the same order.
+        tensors[hf] = { shape: [t.shape[0], 1, t.shape[1]], data: f32(t) }
+      } else if (centred.some((s) => name.endsWith(s))) {
+        tensors[hf] = { shape: t.shape, data: f32(t).map((x) => x - 1) }
+      } else if (!name.endsWith('.switch_mlp.up_proj.weight')) {
+        tensors[hf] = { shape: t.shape, data: f32(t) }
       }
+    }
+    assert.ok(Object.keys(tensors).some((k) => k.endsWith('.experts.gate_up_proj')) && Object.keys(tensors).some((k) => k.endsWith('.conv1d.weight')))
+    tensors['model.visual.patch_embed.weight'] = { shape: [4, 4], data: new Float32Array(16).fill(7) }
+    writeSafetensors(path.join(dir, 'model.safetensors'), tensors)
+    fs.copyFileSync(fixture('tiny/qwen3_5_moe/config.json'), path.join(dir, 'config.json'))
+    const model = await mlx.loadModel(dir)
+    try {
+      assert.equal(model.config.modelType, 'qwen3_5_moe')
+      await assertLikeReference(model, m, 'Qwen3.5-MoE as published')
     } finally {
       model.dispose()
     }

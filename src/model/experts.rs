@@ -106,9 +106,20 @@ impl SwitchGlu {
         Ok(SwitchGlu { gate_proj: proj("gate_proj", hidden, d)?, up_proj: proj("up_proj", hidden, d)?, down_proj: proj("down_proj", d, hidden)?, activation })
     }
 
-    /// Dense stacked projections: gate and up [experts, hidden, d], down [experts, d, hidden].
-    pub fn dense(gate: Array, up: Array, down: Array, activation: Activation) -> Self {
-        SwitchGlu { gate_proj: SwitchLinear::Dense(gate), up_proj: SwitchLinear::Dense(up), down_proj: SwitchLinear::Dense(down), activation }
+    /// The experts as Gemma 4 and Qwen3.5-MoE are published, if `<path>` holds them so: one
+    /// `gate_up_proj` [experts, 2 · hidden, d] (gate rows first) and one `down_proj`.
+    pub fn load_fused(w: &Weights, cfg: &ModelConfig, path: &str, experts: usize, hidden: usize, activation: Activation) -> Result<Option<Self>> {
+        let fused = format!("{path}.gate_up_proj");
+        if !w.has(&fused) {
+            return Ok(None);
+        }
+        let d = cfg.hidden_size;
+        let both = hidden.checked_mul(2).ok_or_else(|| Error::config(&cfg.source, format!("moe_intermediate_size {hidden} overflows")))?;
+        let gate_up = w.array_shaped(&fused, &[experts, both, d])?;
+        let h = hidden as i32;
+        let (gate, up) = (gate_up.index((.., ..h, ..)), gate_up.index((.., h.., ..)));
+        let down = w.array_shaped(&format!("{path}.down_proj"), &[experts, d, hidden])?;
+        Ok(Some(SwitchGlu { gate_proj: SwitchLinear::Dense(gate), up_proj: SwitchLinear::Dense(up), down_proj: SwitchLinear::Dense(down), activation }))
     }
 
     /// x [B, L, D] through experts `inds` [B, L, k] → [B, L, k, D]. From 64 (token, expert) pairs
@@ -150,12 +161,17 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// `<path>.gate` (the router) and the experts of `<path>.switch_mlp` (or `<path>.experts`).
+    /// `<path>.gate` (the router) and the experts of `<path>.switch_mlp` (mlx-lm), or
+    /// `<path>.experts` (per expert, or fused as Qwen3.5-MoE is published).
     pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, e: &ExpertsConfig) -> Result<Self> {
         let each = format!("{path}.experts");
+        let experts = match SwitchGlu::load_fused(w, cfg, &each, e.num_experts, e.intermediate_size, Activation::Silu)? {
+            Some(fused) => fused,
+            None => SwitchGlu::load(w, cfg, &format!("{path}.switch_mlp"), Some(&each), e.num_experts, e.intermediate_size, Activation::Silu)?,
+        };
         Ok(SparseMoe {
             router: Linear::load(w, cfg, &format!("{path}.gate"), e.num_experts, cfg.hidden_size, false)?,
-            experts: SwitchGlu::load(w, cfg, &format!("{path}.switch_mlp"), Some(&each), e.num_experts, e.intermediate_size, Activation::Silu)?,
+            experts,
             top_k: e.top_k as i32,
             norm_topk_prob: e.norm_topk_prob,
             shared: None,

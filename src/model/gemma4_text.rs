@@ -296,19 +296,12 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Gemma4> {
     })
 }
 
-/// The experts of a layer: `<path>.switch_glu.*` as mlx-lm saves them, or, as published, one
-/// `gate_up_proj` [experts, 2 · hidden, d] (gate rows first) and one `down_proj`.
+/// The experts of a layer: `<path>.switch_glu.*` as mlx-lm saves them, or fused as published.
 fn experts(w: &Weights, cfg: &ModelConfig, path: &str, e: usize, h: usize) -> Result<SwitchGlu> {
-    let fused = format!("{path}.gate_up_proj");
-    if !w.has(&fused) {
-        return SwitchGlu::load(w, cfg, &format!("{path}.switch_glu"), None, e, h, Activation::GeluApprox);
+    match SwitchGlu::load_fused(w, cfg, path, e, h, Activation::GeluApprox)? {
+        Some(fused) => Ok(fused),
+        None => SwitchGlu::load(w, cfg, &format!("{path}.switch_glu"), None, e, h, Activation::GeluApprox),
     }
-    let d = cfg.hidden_size;
-    let both = h.checked_mul(2).ok_or_else(|| bad(cfg, format!("moe_intermediate_size {h} overflows")))?;
-    let gate_up = w.array_shaped(&fused, &[e, both, d])?;
-    let (gate, up) = (gate_up.index((.., ..h as i32, ..)), gate_up.index((.., h as i32.., ..)));
-    let down = w.array_shaped(&format!("{path}.down_proj"), &[e, d, h])?;
-    Ok(SwitchGlu::dense(gate, up, down, Activation::GeluApprox))
 }
 
 /// The router's norm: its weight is `scale` · hidden^-½ (a Python float, in the weight's dtype).
