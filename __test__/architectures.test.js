@@ -421,3 +421,29 @@ describe('architectures: Qwen3.5-MoE as published (Hugging Face layout)', () => 
     }
   })
 })
+
+describe('architectures: saved caches of layers that differ', () => {
+  // Gemma 4's full and sliding layers hold keys of different sizes; Qwen3.5's linear layers hold
+  // a convolution window and a recurrent state instead of keys.
+  for (const name of ['gemma4_text', 'qwen3_5', 'qwen3_next']) {
+    test(`${name}: a conversation saved and loaded goes on as the live one`, { timeout: 120_000 }, async () => {
+      const model = await mlx.loadModel(fixture(`tiny/${name}`))
+      const file = path.join(tmpdir(`kv-${name}`), 'chat.kv')
+      try {
+        const first = ref.models.find((m) => m.name === name).prompts[1].ids
+        const live = model.makeCache()
+        const a = await greedy(model, first, { maxTokens: 6, cache: live })
+        await mlx.saveKvCache(live, file)
+        const restored = await mlx.loadKvCache(model, file)
+        assert.equal(restored.offset, live.offset)
+        const turn = [...first, ...a, 3, 4, 5]
+        const next = await greedy(model, turn, { maxTokens: 12, cache: restored })
+        assert.deepEqual(next, await greedy(model, turn, { maxTokens: 12, cache: live }))
+        // And as a cold run of the whole conversation.
+        assert.deepEqual(next, await greedy(model, turn, { maxTokens: 12 }))
+      } finally {
+        model.dispose()
+      }
+    })
+  }
+})

@@ -2,8 +2,8 @@
 //! so a chat app picks a conversation up after a restart without prefilling it again.
 //!
 //! Layout: the magic `MLXBUNKV`, a little-endian u32 version and a u32 header length, a JSON
-//! header, then each layer's keys and values as raw little-endian tensors, every tensor starting
-//! on a 4 KiB page so the file can be mapped and read in place. The header names the model it was
+//! header, then each layer's keys and values (a linear-attention layer's convolution inputs and
+//! recurrent state) as raw little-endian tensors, every tensor starting on a 4 KiB page so the file can be mapped and read in place. The header names the model it was
 //! saved from (a fingerprint of its weights), the positions held and each layer's kind. Nothing
 //! in the file is trusted: every number is checked against the file's length and the model's
 //! shapes before anything is read or allocated. Hand-written because no maintained format fits:
@@ -15,7 +15,7 @@ use memmap2::Mmap;
 use mlx_rs::{Array, Dtype};
 use serde::{Deserialize, Serialize};
 
-use super::{KvCache, LayerCache, RotatingKvCache};
+use super::{KvCache, LayerCache, RecurrentCache, RotatingKvCache};
 use crate::error::{Error, Result};
 use crate::mlx::host::{array_from_bytes, dtype_size, to_bytes};
 
@@ -42,6 +42,11 @@ struct Layer {
     /// Keys and values, absent while the layer holds nothing.
     keys: Option<Tensor>,
     values: Option<Tensor>,
+    /// A recurrent layer's convolution inputs and state, absent before its first position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    conv: Option<Tensor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state: Option<Tensor>,
 }
 
 #[derive(Serialize, Deserialize, PartialEq, Eq, Clone, Copy, Debug)]
@@ -49,24 +54,34 @@ struct Layer {
 enum Kind {
     Plain,
     Rotating,
+    Recurrent,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Tensor {
     dtype: String,
-    shape: [u64; 4],
+    shape: Vec<u64>,
     start: u64,
     bytes: u64,
 }
 
 /// What a model's caches look like: `template` is a fresh set of its layer caches (their kinds
-/// and windows); keys and values are [1, `kv_heads`, positions, `head_dim`].
+/// and windows), `shapes` what each of them holds.
 pub struct Expected<'a> {
     pub model: &'a str,
     pub template: &'a [LayerCache],
-    pub kv_heads: usize,
-    pub head_dim: usize,
+    pub shapes: &'a [LayerShape],
+}
+
+/// What one layer's cache holds (layers of one model differ: Gemma 4's full and sliding layers,
+/// Qwen3.5's linear and full ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerShape {
+    /// Keys and values [1, kv_heads, positions, head_dim].
+    Kv { kv_heads: usize, head_dim: usize },
+    /// Convolution inputs [1, kernel - 1, channels] and state [1, heads, value_dim, key_dim].
+    Recurrent { conv: [usize; 2], state: [usize; 3] },
 }
 
 fn dtype_name(d: Dtype) -> Result<&'static str> {
@@ -87,12 +102,13 @@ fn dtype_of(name: &str) -> Option<Dtype> {
     }
 }
 
-/// The positions one layer holds, as the file keeps them.
+/// The positions one layer holds, as the file keeps them: keys and values, or a recurrent
+/// layer's convolution inputs and state.
 fn layer_contents(c: &LayerCache) -> Result<(Kind, Option<(Array, Array)>)> {
     let kv = match c {
         LayerCache::Plain(c) => c.contents(),
         LayerCache::Rotating(c) => c.ordered()?,
-        LayerCache::Recurrent(_) => return Err(recurrent()),
+        LayerCache::Recurrent(r) => return Ok((Kind::Recurrent, r.get_part(0).zip(r.get_part(1)).map(|(c, s)| (c.clone(), s.clone())))),
     };
     let plain = match &kv {
         None => None,
@@ -109,13 +125,8 @@ fn kind(c: &LayerCache) -> Result<Kind> {
     match c {
         LayerCache::Plain(_) => Ok(Kind::Plain),
         LayerCache::Rotating(_) => Ok(Kind::Rotating),
-        LayerCache::Recurrent(_) => Err(recurrent()),
+        LayerCache::Recurrent(_) => Ok(Kind::Recurrent),
     }
-}
-
-/// The format holds keys and values per position; a linear-attention layer's state is neither.
-fn recurrent() -> Error {
-    Error::UnsupportedOption { option: "saveKvCache".into(), reason: "models with linear-attention layers (Qwen3.5, Qwen3-Next) cannot save their caches to a file yet".into() }
 }
 
 /// Writes `caches` (all at one offset) of the model fingerprinted `model` to `path`.
@@ -132,7 +143,7 @@ pub fn save(path: &Path, model: &str, caches: &[LayerCache]) -> Result<()> {
         let s = a.shape();
         let t = Tensor {
             dtype: dtype_name(a.dtype())?.into(),
-            shape: [s[0] as u64, s[1] as u64, s[2] as u64, s[3] as u64],
+            shape: s.iter().map(|&d| d as u64).collect(),
             start: next,
             bytes: bytes.len() as u64,
         };
@@ -142,11 +153,15 @@ pub fn save(path: &Path, model: &str, caches: &[LayerCache]) -> Result<()> {
     };
     for c in caches {
         let (kind, kv) = layer_contents(c)?;
-        let (keys, values) = match kv {
+        let (a, b) = match kv {
             Some((k, v)) => (Some(place(&k, &mut data)?), Some(place(&v, &mut data)?)),
             None => (None, None),
         };
-        layers.push(Layer { kind, offset: c.offset() as u64, keys, values });
+        let offset = c.offset() as u64;
+        layers.push(match kind {
+            Kind::Recurrent => Layer { kind, offset, keys: None, values: None, conv: a, state: b },
+            _ => Layer { kind, offset, keys: a, values: b, conv: None, state: None },
+        });
     }
     let mut header = Header { model: model.into(), positions: positions as u64, layers };
     // Tensors start after the header, on a page; the header holds their starts, so its length
@@ -167,12 +182,13 @@ pub fn save(path: &Path, model: &str, caches: &[LayerCache]) -> Result<()> {
     write(path, &json, &header, &data)
 }
 
+/// Every tensor, in the order their data is written.
 fn tensors(h: &Header) -> impl Iterator<Item = &Tensor> {
-    h.layers.iter().flat_map(|l| l.keys.iter().chain(l.values.iter()))
+    h.layers.iter().flat_map(|l| l.keys.iter().chain(&l.values).chain(&l.conv).chain(&l.state))
 }
 
 fn tensors_mut(h: &mut Header) -> impl Iterator<Item = &mut Tensor> {
-    h.layers.iter_mut().flat_map(|l| l.keys.iter_mut().chain(l.values.iter_mut()))
+    h.layers.iter_mut().flat_map(|l| l.keys.iter_mut().chain(&mut l.values).chain(&mut l.conv).chain(&mut l.state))
 }
 
 /// Writes to a temporary file first, so an interrupted save never leaves a damaged file behind.
@@ -223,26 +239,32 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
     if header.positions > i32::MAX as u64 / 2 {
         return Err(bad(format!("claims {} positions: damaged", header.positions)));
     }
-    if header.layers.len() != expected.template.len() {
+    if header.layers.len() != expected.template.len() || expected.shapes.len() != expected.template.len() {
         return Err(bad(format!("has {} layers; the model has {}", header.layers.len(), expected.template.len())));
     }
-    let read = |t: &Tensor, what: &str| -> Result<Array> {
+    // A tensor of the shape `dims` says (`None`: a count of positions, 1 to i32::MAX).
+    let read = |t: &Tensor, what: &str, dims: &[Option<usize>]| -> Result<Array> {
         let dtype = dtype_of(&t.dtype).ok_or_else(|| bad(format!("{what}: unknown dtype '{}'", t.dtype)))?;
-        let [b, h, l, d] = t.shape;
-        if b != 1 || h != expected.kv_heads as u64 || d != expected.head_dim as u64 || l == 0 || l > i32::MAX as u64 {
-            return Err(bad(format!("{what}: shape {:?}, the model's caches are [1, {}, positions, {}]", t.shape, expected.kv_heads, expected.head_dim)));
+        let fits = t.shape.len() == dims.len()
+            && t.shape.iter().zip(dims).all(|(&n, d)| match d {
+                Some(d) => n == *d as u64,
+                None => (1..=i32::MAX as u64).contains(&n),
+            });
+        if !fits {
+            let want: Vec<String> = dims.iter().map(|d| d.map_or("positions".into(), |d| d.to_string())).collect();
+            return Err(bad(format!("{what}: shape {:?}, the model's are [{}]", t.shape, want.join(", "))));
         }
-        let need = h.checked_mul(l).and_then(|n| n.checked_mul(d)).and_then(|n| n.checked_mul(dtype_size(dtype) as u64));
+        let need = t.shape.iter().try_fold(dtype_size(dtype) as u64, |n, &d| n.checked_mul(d));
         let end = t.start.checked_add(t.bytes);
         match (need, end) {
             (Some(need), Some(end)) if need == t.bytes && t.start % PAGE == 0 && t.start >= 16 + header_len && end <= len => {}
             _ => return Err(bad(format!("{what}: {} bytes at {} do not hold its shape within the file's {len}: truncated or damaged", t.bytes, t.start))),
         }
-        let shape = [1, h as i32, l as i32, d as i32];
+        let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
         array_from_bytes(what, &map[t.start as usize..(t.start + t.bytes) as usize], &shape, dtype)
     };
     let mut caches = Vec::with_capacity(header.layers.len());
-    for (i, (layer, like)) in header.layers.iter().zip(expected.template).enumerate() {
+    for (i, ((layer, like), shape)) in header.layers.iter().zip(expected.template).zip(expected.shapes).enumerate() {
         if layer.offset != header.positions {
             return Err(bad(format!("layer {i} holds {} positions, the cache {}", layer.offset, header.positions)));
         }
@@ -250,15 +272,32 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
         if layer.kind != kind {
             return Err(bad(format!("layer {i} is {:?}; the model's is {kind:?}", layer.kind)));
         }
-        let kv = match (&layer.keys, &layer.values) {
-            (Some(k), Some(v)) => {
-                let (k, v) = (read(k, &format!("layer {i} keys"))?, read(v, &format!("layer {i} values"))?);
+        if let (LayerCache::Recurrent(_), LayerShape::Recurrent { conv, state }) = (like, shape) {
+            let parts = match (&layer.conv, &layer.state, &layer.keys, &layer.values) {
+                (Some(c), Some(s), None, None) if layer.offset > 0 => {
+                    let c = read(c, &format!("layer {i} convolution inputs"), &[Some(1), Some(conv[0]), Some(conv[1])])?;
+                    Some((c, read(s, &format!("layer {i} state"), &[Some(1), Some(state[0]), Some(state[1]), Some(state[2])])?))
+                }
+                (None, None, None, None) if layer.offset == 0 => None,
+                _ => return Err(bad(format!("layer {i}: its state does not match its {} positions", layer.offset))),
+            };
+            caches.push(LayerCache::Recurrent(RecurrentCache::restored(parts, layer.offset as usize)));
+            continue;
+        }
+        let (kv_heads, head_dim) = match shape {
+            LayerShape::Kv { kv_heads, head_dim } => (*kv_heads, *head_dim),
+            LayerShape::Recurrent { .. } => return Err(Error::Internal(format!("layer {i}: a recurrent shape for a KV cache"))),
+        };
+        let dims = [Some(1), Some(kv_heads), None, Some(head_dim)];
+        let kv = match (&layer.keys, &layer.values, &layer.conv, &layer.state) {
+            (Some(k), Some(v), None, None) => {
+                let (k, v) = (read(k, &format!("layer {i} keys"), &dims)?, read(v, &format!("layer {i} values"), &dims)?);
                 if k.shape() != v.shape() || k.dtype() != v.dtype() {
                     return Err(bad(format!("layer {i}: keys and values differ in shape or dtype")));
                 }
                 Some((k, v))
             }
-            (None, None) if layer.offset == 0 => None,
+            (None, None, None, None) if layer.offset == 0 => None,
             _ => return Err(bad(format!("layer {i}: its keys and values do not match its {} positions", layer.offset))),
         };
         let held = kv.as_ref().map_or(0, |(k, _)| k.shape()[2] as u64);
@@ -281,6 +320,7 @@ pub fn load(path: &Path, expected: &Expected) -> Result<Vec<LayerCache>> {
 mod tests {
     use super::*;
     use crate::mlx::host::to_f32_vec;
+    use mlx_rs::ops;
 
     fn kv(len: i32, seed: f32) -> Array {
         let n = (2 * len * 4) as usize;
@@ -304,12 +344,14 @@ mod tests {
         mlx_rs::transforms::eval(a.state().into_iter().chain(b.state())).unwrap();
     }
 
+    const SHAPES: [LayerShape; 2] = [LayerShape::Kv { kv_heads: 2, head_dim: 4 }; 2];
+
     fn template() -> Vec<LayerCache> {
         vec![LayerCache::Plain(KvCache::default()), LayerCache::Rotating(RotatingKvCache::new(4, 0))]
     }
 
     fn expected(t: &[LayerCache]) -> Expected<'_> {
-        Expected { model: "m1", template: t, kv_heads: 2, head_dim: 4 }
+        Expected { model: "m1", template: t, shapes: &SHAPES[..t.len().min(2)] }
     }
 
     /// Each layer's positions, in temporal order, as host floats.
@@ -346,6 +388,29 @@ mod tests {
     }
 
     #[test]
+    fn recurrent_layers_round_trip_and_are_checked_against_their_shapes() {
+        let mut r = RecurrentCache::default();
+        let conv = ops::arange::<_, f32>(0, 24, 1).unwrap().reshape(&[1, 3, 8]).unwrap();
+        let state = ops::arange::<_, f32>(0, 16, 1).unwrap().reshape(&[1, 2, 2, 4]).unwrap();
+        r.set(conv, state, 5);
+        let mut plain = KvCache::default();
+        for i in 0..5 {
+            plain.update_and_fetch(kv(1, i as f32), kv(1, 0.0)).unwrap();
+        }
+        let caches = vec![LayerCache::Recurrent(r), LayerCache::Plain(plain)];
+        let p = path("recurrent.kv");
+        save(&p, "m1", &caches).unwrap();
+        let t = vec![LayerCache::Recurrent(RecurrentCache::default()), LayerCache::Plain(KvCache::default())];
+        let shapes = [LayerShape::Recurrent { conv: [3, 8], state: [2, 2, 4] }, LayerShape::Kv { kv_heads: 2, head_dim: 4 }];
+        let back = load(&p, &Expected { model: "m1", template: &t, shapes: &shapes }).unwrap();
+        assert_eq!(held(&back), held(&caches));
+        assert_eq!(back[0].offset(), 5);
+        let wrong = [LayerShape::Recurrent { conv: [3, 8], state: [2, 4, 2] }, shapes[1]];
+        let e = load(&p, &Expected { model: "m1", template: &t, shapes: &wrong }).map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), "INVALID_CACHE_FILE", "{e}");
+    }
+
+    #[test]
     fn damaged_foreign_and_other_version_files_are_typed_errors() {
         let t = template();
         let p = path("good.kv");
@@ -374,7 +439,8 @@ mod tests {
         let swapped = vec![t[1].clone(), t[0].clone()];
         assert_eq!(load(&p, &expected(&swapped)).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
         assert_eq!(load(&p, &expected(&t[..1])).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
-        assert_eq!(load(&p, &Expected { kv_heads: 3, ..expected(&t) }).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
+        let three = [LayerShape::Kv { kv_heads: 3, head_dim: 4 }; 2];
+        assert_eq!(load(&p, &Expected { shapes: &three, ..expected(&t) }).map(|_| ()).unwrap_err().code(), "INVALID_CACHE_FILE");
         // Numbers in the header that point outside the file or overflow.
         let n = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
         let text = String::from_utf8(good[16..16 + n].to_vec()).unwrap();

@@ -34,6 +34,13 @@ impl RecurrentCache {
         self.offset += n;
     }
 
+    /// A cache that has seen `offset` positions, leaving these convolution inputs and state
+    /// (`None` before the first).
+    pub fn restored(parts: Option<(Array, Array)>, offset: usize) -> Self {
+        let (conv, state) = parts.unzip();
+        RecurrentCache { conv, state, offset }
+    }
+
     pub fn state(&self) -> Vec<&Array> {
         self.conv.iter().chain(self.state.iter()).collect()
     }

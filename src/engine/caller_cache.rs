@@ -123,9 +123,9 @@ pub fn save(lease: CacheLease, store: &CallerCaches, model: &dyn LanguageModel, 
 
 /// Fills the cache `lease` holds with the one saved at `path`, checked to be `model`'s.
 pub fn load(lease: CacheLease, store: &CallerCaches, model: &dyn LanguageModel, path: &Path) -> Result<()> {
-    let cfg = model.config();
     let template = model.new_cache();
-    let expected = Expected { model: model.fingerprint(), template: &template, kv_heads: cfg.num_key_value_heads, head_dim: cfg.head_dim };
+    let shapes = model.cache_shapes();
+    let expected = Expected { model: model.fingerprint(), template: &template, shapes: &shapes };
     lease.give_back(store, file::load(path, &expected)?);
     Ok(())
 }

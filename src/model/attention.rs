@@ -11,6 +11,7 @@ use super::config::ModelConfig;
 use super::layers::{Linear, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
+use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, Kv, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
 
@@ -156,6 +157,11 @@ impl Attention {
             rope: spec.rope,
             softcap: spec.softcap,
         })
+    }
+
+    /// What its cache holds.
+    pub fn cache_shape(&self) -> LayerShape {
+        LayerShape::Kv { kv_heads: self.n_kv_heads as usize, head_dim: self.head_dim as usize }
     }
 
     /// q, k, v for `x` [B, L, D] as [B, heads, L, head_dim], with the q/k norms applied, and

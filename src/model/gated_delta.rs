@@ -13,6 +13,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 use super::config::ModelConfig;
 use super::layers::{scalar, Linear, RmsNorm};
 use super::weights::Weights;
+use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, LayerCache, RecurrentCache, StepShape};
 use crate::error::{Error, Result};
 
@@ -120,6 +121,11 @@ impl GatedDeltaNet {
                 Ok((qkv, z.reshape(&[b_, s_, nv, dv])?, b, a))
             }
         }
+    }
+
+    /// What its cache holds.
+    pub fn cache_shape(&self) -> LayerShape {
+        LayerShape::Recurrent { conv: [self.s.kernel - 1, self.s.conv_dim()], state: [self.s.v_heads, self.s.v_dim, self.s.k_dim] }
     }
 
     /// The convolution and the delta rule for rows of S tokens each: `qkv` [B, S, channels], b

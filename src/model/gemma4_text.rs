@@ -22,6 +22,7 @@ use super::layers::{scalar, Activation, Embedding, Linear, Mlp, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use super::{LanguageModel, Logits, Sliding, StepContext, Tokens};
+use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, KvCache, LayerCache, RotatingKvCache};
 use crate::error::{Error, Result};
 
@@ -361,6 +362,10 @@ impl LanguageModel for Gemma4 {
             .filter(|l| l.kv_from.is_none())
             .map(|l| if l.sliding { LayerCache::Rotating(RotatingKvCache::new(self.window, 0)) } else { LayerCache::Plain(KvCache::default()) })
             .collect()
+    }
+
+    fn cache_shapes(&self) -> Vec<LayerShape> {
+        self.layers.iter().filter(|l| l.kv_from.is_none()).map(|l| l.attn.cache_shape()).collect()
     }
 
     fn stackable(&self) -> bool {

@@ -39,6 +39,7 @@ use mlx_rs::Array;
 
 use mlx_rs::ops::indexing::IndexOp;
 
+use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, LayerCache, StepShape};
 use crate::error::{Error, Result};
 use config::ModelConfig;
@@ -48,6 +49,12 @@ use weights::Weights;
 pub trait LanguageModel {
     fn config(&self) -> &ModelConfig;
     fn new_cache(&self) -> Vec<LayerCache>;
+    /// What each layer of `new_cache` holds, to check a saved cache against (the config's KV
+    /// heads and head size in every layer, unless the architecture's layers differ).
+    fn cache_shapes(&self) -> Vec<LayerShape> {
+        let c = self.config();
+        vec![LayerShape::Kv { kv_heads: c.num_key_value_heads, head_dim: c.head_dim }; self.new_cache().len()]
+    }
     /// Whether rows can share a stacked cache (only full-attention layers).
     fn stackable(&self) -> bool;
     /// What identifies the weights: files saved from this model (a KV cache) name it.

@@ -19,6 +19,7 @@ use super::layers::{Activation, Embedding, Linear, Mlp, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use super::{LanguageModel, Logits, StepContext, Tokens};
+use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, KvCache, LayerCache, RecurrentCache};
 use crate::error::{Error, Result};
 
@@ -166,6 +167,16 @@ impl LanguageModel for Qwen3Next {
             .map(|l| match l.mixer {
                 Mixer::Linear(_) => LayerCache::Recurrent(RecurrentCache::default()),
                 Mixer::Full(_) => LayerCache::Plain(KvCache::default()),
+            })
+            .collect()
+    }
+
+    fn cache_shapes(&self) -> Vec<LayerShape> {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Linear(g) => g.cache_shape(),
+                Mixer::Full(a) => a.cache_shape(),
             })
             .collect()
     }
