@@ -237,7 +237,9 @@ pub fn features(grammar_jump: bool, fill: bool) -> ExecutionFeatures {
     ExecutionFeatures { grammar_jump, fill, ..Default::default() }
 }
 
-/// Where a generation request runs, and whether it uses the prefix cache.
+/// Where a generation request runs, and whether it uses the prefix cache. A model restored from
+/// checkpoints cannot take back proposals it rejects (its caches cannot be trimmed), so a draft
+/// and fill's proposals are not used there, with their reasons.
 pub fn for_generation(opts: &GenerateOptions, has_draft: bool, checkpoints: bool, features: &ExecutionFeatures) -> ResolvedExecution {
     let requirements = ExecutionRequirements {
         has_repetition_penalty: opts.sampling.repetition_penalty > 0.0 && opts.sampling.repetition_penalty != 1.0,
@@ -245,11 +247,19 @@ pub fn for_generation(opts: &GenerateOptions, has_draft: bool, checkpoints: bool
         has_logits_extras: !opts.sampling.logit_bias.is_empty(),
         wants_logprobs: opts.wants_logprobs(),
         has_grammar: opts.grammar.is_some(),
-        has_draft,
+        has_draft: has_draft && !checkpoints,
         kv_quant: opts.kv.is_on(),
         ..Default::default()
     };
-    resolve_execution(&requirements, &capabilities(true, checkpoints), features)
+    let usable = ExecutionFeatures { fill: features.fill && !checkpoints, ..features.clone() };
+    let mut placed = resolve_execution(&requirements, &capabilities(true, checkpoints), &usable);
+    if checkpoints && has_draft {
+        placed.reasons.push("draft-incompatible-with-request");
+    }
+    if checkpoints && features.fill {
+        placed.reasons.push("fill-incompatible-with-request");
+    }
+    placed
 }
 
 #[cfg(test)]
@@ -373,6 +383,18 @@ mod tests {
         // The serial rule: autoregressive grammar requests jump when placed serially.
         let e = resolve(ExecutionRequirements { has_grammar: true, ..Default::default() }, &ExecutionCapabilities::default(), f);
         assert_eq!((e.method, e.mechanism, e.grammar_jump), (Method::Autoregressive, Mechanism::Serial, true));
+    }
+
+    #[test]
+    fn a_model_restored_from_checkpoints_takes_no_proposals() {
+        let opts = GenerateOptions::default();
+        let fill = features(false, true);
+        let p = for_generation(&opts, true, true, &fill);
+        assert_eq!((p.method, p.fill, p.checkpoint, p.prompt_cache), (Method::Autoregressive, false, true, true));
+        assert_eq!(p.reasons, ["draft-incompatible-with-request", "fill-incompatible-with-request"]);
+        // Any other model speculates with its draft.
+        let p = for_generation(&opts, true, false, &fill);
+        assert_eq!((p.method, p.checkpoint), (Method::Speculative, false));
     }
 
     #[test]

@@ -51,6 +51,10 @@ impl DeltaSizes {
         if !(1..=64).contains(&s.kernel) {
             return Err(Error::config(&cfg.source, format!("linear_conv_kernel_dim {} is not 1 to 64", s.kernel)));
         }
+        // Every size below becomes an MLX (i32) dimension.
+        if s.conv_dim() + s.value_dim() > i32::MAX as usize || s.v_heads * s.v_dim * s.k_dim > i32::MAX as usize {
+            return Err(Error::config(&cfg.source, "linear attention sizes too large".to_string()));
+        }
         Ok(s)
     }
 
