@@ -60,6 +60,33 @@ MODELS = {
         "rope_parameters": {"type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
     },
+    # Gemma 4 as 26B-A4B is, scaled down: 6 layers (every 3rd global, whose values are its keys,
+    # one global KV head), 32 GeGLU experts of width 256, top 4, beside each dense MLP.
+    "gemma4_text_moe": {
+        "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 512,
+        "num_hidden_layers": 6, "intermediate_size": 1024, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 64, "global_head_dim": 128, "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+        "sliding_window": 512, "sliding_window_pattern": 3, "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1, "enable_moe_block": True, "num_experts": 32,
+        "top_k_experts": 4, "moe_intermediate_size": 256, "max_position_embeddings": 32768,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "torch_dtype": "float32",
+        "eos_token_id": 2, "bos_token_id": 1,
+    },
+    # Qwen3-Next, scaled down: the Qwen3.5 shape above with 32 experts of width 256 (top 4) and a
+    # shared expert in every layer.
+    "qwen3_next": {
+        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 512,
+        "num_hidden_layers": 8, "intermediate_size": 1536, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 64, "full_attention_interval": 4,
+        "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "num_experts": 32,
+        "num_experts_per_tok": 4, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "norm_topk_prob": True,
+        "rope_theta": 10000000.0, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+        "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
+    },
 }
 
 
