@@ -23,7 +23,7 @@ pub enum Error {
     /// damaged, cut short, of another format version or of another vocabulary.
     #[error("{path}: {reason}")]
     InvalidDump { path: PathBuf, reason: String },
-    #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gemma4_text, gemma4, phi3, smollm3, olmo2, glm4, granite, starcoder2, minicpm)")]
+    #[error("unsupported model_type '{0}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_next, qwen3_5, qwen3_5_moe, gemma, gemma2, gemma3_text, gemma4_text, gemma4, phi3, smollm3, olmo2, glm4, granite, starcoder2, minicpm)")]
     UnsupportedModelType(String),
     #[error("tensor {tensor}: unsupported GGUF quantization type {kind}")]
     UnsupportedQuant { tensor: String, kind: String },

@@ -163,8 +163,8 @@ impl GatedDeltaNet {
 
     /// Layer `layer` of one step: `x` [B, L, D] holds each row's new tokens, right-aligned. The
     /// projections run for the whole batch; each row's convolution and delta rule run over its
-    /// own tokens and state (the padding in front never reaches them), all rows at once when
-    /// each feeds one token (a decode step), row by row otherwise.
+    /// own tokens and state (the padding in front never reaches them): all rows at once when
+    /// each feeds all L tokens (a decode step, rows prefilling together), row by row otherwise.
     pub fn forward(&self, x: &Array, cache: &mut CacheView, layer: usize, shape: &StepShape) -> Result<Array> {
         let (CacheView::Rows(rows), StepShape::Rows(step)) = (cache, shape) else {
             return Err(Error::Internal("linear-attention layers do not stack".into()));
@@ -178,8 +178,8 @@ impl GatedDeltaNet {
                 _ => Err(Error::Internal(format!("layer {layer} is linear attention but its cache is not recurrent"))),
             })
             .collect::<Result<Vec<&mut RecurrentCache>>>()?;
-        let out = if b_ == 1 || l == 1 {
-            // Every row feeds all L columns: one call over the stacked states.
+        let out = if step.counts.iter().all(|&n| n == l) {
+            // One call over the stacked states.
             let stacked = |part: usize, like: &dyn Fn() -> Result<Array>| -> Result<Option<Array>> {
                 if b_ == 1 {
                     return Ok(caches[0].get_part(part).cloned());
