@@ -60,7 +60,7 @@ pub enum FeedForward {
     Gated(Mlp),
     /// StarCoder 2's `c_proj(gelu(c_fc(x)))`, with biases.
     Plain { fc: Linear, proj: Linear },
-    /// Each token's top-k of many gated MLPs (Qwen3-MoE).
+    /// Each token's top-k of many gated MLPs (Qwen3-MoE; Qwen3-Next and Qwen3.5-MoE add a shared expert).
     Experts(Box<SparseMoe>),
 }
 

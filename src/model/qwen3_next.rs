@@ -12,6 +12,7 @@ use mlx_rs::{ops, Array};
 use serde_json::Value;
 
 use super::attention::{Attention, AttentionSpec, NormKind};
+use super::blocks::FeedForward;
 use super::config::ModelConfig;
 use super::experts::{ExpertsConfig, SparseMoe};
 use super::gated_delta::{is_hf_layout, DeltaSizes, GatedDeltaNet};
@@ -36,11 +37,6 @@ pub struct Qwen3Next {
 enum Mixer {
     Linear(GatedDeltaNet),
     Full(Attention),
-}
-
-enum FeedForward {
-    Dense(Mlp),
-    Experts(SparseMoe),
 }
 
 struct Layer {
@@ -140,8 +136,8 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Qwen3Next> {
             Mixer::Full(Attention::load(w, &cfg, &format!("{p}.self_attn"), spec)?)
         };
         let mlp = match &experts {
-            Some(e) if has_experts(i) => FeedForward::Experts(SparseMoe::load_with_shared(w, &cfg, &format!("{p}.mlp"), e, shared_width)?),
-            _ => FeedForward::Dense(Mlp::load(w, &cfg, &format!("{p}.mlp"), Activation::Silu, false)?),
+            Some(e) if has_experts(i) => FeedForward::Experts(Box::new(SparseMoe::load_with_shared(w, &cfg, &format!("{p}.mlp"), e, shared_width)?)),
+            _ => Mlp::load(w, &cfg, &format!("{p}.mlp"), Activation::Silu, false)?.into(),
         };
         layers.push(Layer { input_norm: norm(format!("{p}.input_layernorm"), d)?, mixer, post_attn_norm: norm(format!("{p}.post_attention_layernorm"), d)?, mlp });
     }
@@ -202,12 +198,7 @@ impl LanguageModel for Qwen3Next {
                 Mixer::Full(a) => a.forward(&x, &mut cache, j, &shape, false)?,
             };
             let h1 = ops::add(&h, &r)?;
-            let x = layer.post_attn_norm.forward(&h1)?;
-            let ff = match &layer.mlp {
-                FeedForward::Dense(m) => m.forward(&x)?,
-                FeedForward::Experts(m) => m.forward(&x)?,
-            };
-            h = ops::add(&h1, &ff)?;
+            h = ops::add(&h1, &layer.mlp.forward(&layer.post_attn_norm.forward(&h1)?)?)?;
             ctx.after_layer(&h, j, last)?;
         }
         let Some(h) = ctx.finish(h, &mut cache, &shape)? else {
