@@ -239,6 +239,7 @@ const GGUF_ARCH = {
   olmo2: { 'post_attention_layernorm': 'post_attention_norm', 'post_feedforward_layernorm': 'post_ffw_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
   granite: { 'post_attention_layernorm': 'ffn_norm' },
+  qwen2: { 'post_attention_layernorm': 'ffn_norm' },
   qwen3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   qwen3_moe_sparse: {
     'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',

@@ -27,6 +27,7 @@ pub(super) enum Arch {
     Olmo2,
     Starcoder2,
     Granite,
+    Qwen2,
     Qwen3,
     Qwen3Moe,
 }
@@ -41,6 +42,7 @@ impl Arch {
             Some("olmo2") => Ok(Arch::Olmo2),
             Some("starcoder2") => Ok(Arch::Starcoder2),
             Some("granite") => Ok(Arch::Granite),
+            Some("qwen2") => Ok(Arch::Qwen2),
             Some("qwen3") => Ok(Arch::Qwen3),
             Some("qwen3moe") => Ok(Arch::Qwen3Moe),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
@@ -61,7 +63,8 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Olmo2 => olmo2_config(&Meta { g, path, prefix: "olmo2" }),
         Arch::Starcoder2 => starcoder2_config(&Meta { g, path, prefix: "starcoder2" }),
         Arch::Granite => granite_config(&Meta { g, path, prefix: "granite" }),
-        Arch::Qwen3 => qwen3_config(&Meta { g, path, prefix: "qwen3" }),
+        Arch::Qwen2 => qwen_config(&Meta { g, path, prefix: "qwen2" }, "qwen2", "Qwen2ForCausalLM"),
+        Arch::Qwen3 => qwen_config(&Meta { g, path, prefix: "qwen3" }, "qwen3", "Qwen3ForCausalLM"),
         Arch::Qwen3Moe => qwen3_moe_config(&Meta { g, path, prefix: "qwen3moe" }),
     }
 }
@@ -195,11 +198,12 @@ fn gemma3_config(m: &Meta) -> Result<Value> {
     Ok(with(cfg, extra))
 }
 
-/// The config.json of a gemma GGUF, as HF's `GemmaForCausalLM` writes it.
-fn qwen3_config(m: &Meta) -> Result<Value> {
+/// Qwen2 / Qwen2.5 (llama's layout with q/k/v biases) and Qwen3 (no biases, per-head q/k
+/// norms): NeoX RoPE, so llama.cpp does not permute their q/k rows; `model_type` and HF class.
+fn qwen_config(m: &Meta, model_type: &str, class: &str) -> Result<Value> {
     Ok(with(sizes(m, "attention.key_length", 1e-6)?, json!({
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": [class],
+        "model_type": model_type,
         "rope_theta": m.f32("rope.freq_base").unwrap_or(1_000_000.0),
         "rope_scaling": m.rope_scaling(),
         "hidden_act": "silu",
@@ -210,9 +214,7 @@ fn qwen3_config(m: &Meta) -> Result<Value> {
 /// renormalised, as Qwen3-MoE checkpoints configure it.
 fn qwen3_moe_config(m: &Meta) -> Result<Value> {
     let experts = m.count("expert_count", 1 << 16)?;
-    let mut cfg = qwen3_config(m)?;
-    cfg["architectures"] = json!(["Qwen3MoeForCausalLM"]);
-    cfg["model_type"] = json!("qwen3_moe");
+    let mut cfg = qwen_config(m, "qwen3_moe", "Qwen3MoeForCausalLM")?;
     cfg["num_experts"] = json!(experts);
     cfg["num_experts_per_tok"] = json!(m.count("expert_used_count", experts)?);
     cfg["moe_intermediate_size"] = json!(m.count("expert_feed_forward_length", MAX_WIDTH)?);

@@ -18,7 +18,7 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2, "ffn_norm") => "post_attention_layernorm",
+        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2, "ffn_norm") => "post_attention_layernorm",
         // Gemma 2 and 3 norm before and after attention and the MLP, OLMo 2 only after.
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
         (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
@@ -56,6 +56,8 @@ mod tests {
         assert_eq!(hf_name(Arch::Llama, "blk.0.ffn_norm.weight").unwrap(), "model.layers.0.post_attention_layernorm.weight");
         assert_eq!(hf_name(Arch::Llama, "token_embd.weight").unwrap(), "model.embed_tokens.weight");
         assert_eq!(hf_name(Arch::Llama, "blk.0.unknown.weight"), None);
+        assert_eq!(hf_name(Arch::Qwen2, "blk.1.attn_k.bias").unwrap(), "model.layers.1.self_attn.k_proj.bias");
+        assert_eq!(hf_name(Arch::Qwen2, "blk.1.ffn_norm.weight").unwrap(), "model.layers.1.post_attention_layernorm.weight");
     }
 
     #[test]
