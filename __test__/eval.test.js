@@ -118,7 +118,7 @@ test('our dump matches mlx-lm\'s; scored against mlx-lm\'s, our KL is mlx-lm\'s 
 })
 
 test('a dump scored against the model that made it, at the same chunk: KL exactly 0, top-1 agreement 1; 8- and 4-bit KV against it', () => {
-  // A bf16 model: its logits are exact in the dump's f16 (the seed's saved-teacher case).
+  // A bf16 model: its logits are exact in the dump's f16 (mlx-bun's saved-teacher case).
   const model = fixture('smollm2-bf16')
   const dir = path.join(tmpdir('eval-self'), 'dump')
   ok('dump', model, '--text', TEXT, '--out', dir, '--ctx', '64', '--n', '1', '--top-k', '32', '--chunk', '24')

@@ -24,7 +24,7 @@ dump: the format-1 teacher-logits dump mlx-bun's eval README defines (the same l
       seq-<i>.bin    per position r = 0..ctx_len-2 (the distribution over token r+1):
                      int32[top_k] indices by descending logit (ties: lower id first),
                      float16[top_k] logits, float32 full-vocab logsumexp
-    vocab_size is an addition to the seed's manifest, so that a reader can refuse a candidate
+    vocab_size is an addition to mlx-bun's manifest, so that a reader can refuse a candidate
     of another vocabulary. Each window is forwarded --chunk tokens at a time through an mlx-lm
     KV cache (the serving path), logits cast to float32 before the logsumexp and the top-k.
 

@@ -5,6 +5,7 @@ pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod fit;
+pub mod gguf;
 pub mod hub;
 pub mod mlx;
 pub mod model;

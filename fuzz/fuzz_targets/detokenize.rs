@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use mlx_bun::model::gguf::Gguf;
+use mlx_bun::gguf::Gguf;
 use mlx_bun::tokenizer::{detok::StreamDecoder, Tokenizer};
 
 fn tokenizer() -> &'static Tokenizer {

@@ -3,7 +3,8 @@
 //! hang or unbounded memory is a bug.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use mlx_bun::model::{gguf::Gguf, gguf_weights};
+use mlx_bun::gguf::Gguf;
+use mlx_bun::model::gguf_weights;
 use mlx_bun::tokenizer::{template::ChatTemplate, Tokenizer};
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,5 @@
-//! A saved KV cache (`loadKvCache`) from any bytes: a real file (a plain and a rotating layer)
-//! with its bytes overwritten and cut (mode 0), or with every number and name of its header
+//! A saved KV cache (`loadKvCache`) from any bytes: a real file (a plain, a rotating and a
+//! recurrent layer, as Qwen3.5's linear-attention layers save theirs) with its bytes overwritten and cut (mode 0), or with every number and name of its header
 //! replaced by ones from the input (mode 1), so the checks of offsets, lengths, shapes and kinds
 //! are reached, not only the JSON parser. Errors are fine; a panic, a hang or a huge allocation
 //! is a bug. A cache that loads must step on.
@@ -7,12 +7,39 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use mlx_bun::cache::file::{load, save, Expected};
-use mlx_bun::cache::{KvCache, LayerCache, RotatingKvCache};
+use mlx_bun::cache::file::{load, save, Expected, LayerShape};
+use mlx_bun::cache::{KvCache, LayerCache, RecurrentCache, RotatingKvCache};
 use mlx_rs::Array;
 
 fn template() -> Vec<LayerCache> {
-    vec![LayerCache::Plain(KvCache::default()), LayerCache::Rotating(RotatingKvCache::new(4, 0))]
+    vec![
+        LayerCache::Plain(KvCache::default()),
+        LayerCache::Rotating(RotatingKvCache::new(4, 0)),
+        LayerCache::Recurrent(RecurrentCache::default()),
+    ]
+}
+
+const SHAPES: [LayerShape; 3] = [
+    LayerShape::Kv { kv_heads: 2, head_dim: 4 },
+    LayerShape::Kv { kv_heads: 2, head_dim: 4 },
+    LayerShape::Recurrent { conv: [3, 8], state: [2, 2, 4] },
+];
+
+/// One step of `n` positions on every layer: keys and values, or a new convolution input and state.
+fn step(caches: &mut [LayerCache], seed: f32) -> mlx_bun::error::Result<()> {
+    for c in caches {
+        match c {
+            LayerCache::Recurrent(r) => {
+                r.set(Array::from_slice(&[seed; 24], &[1, 3, 8]), Array::from_slice(&[-seed; 16], &[1, 2, 2, 4]), 1);
+                mlx_rs::transforms::eval(r.state())?;
+            }
+            c => {
+                let (k, _) = c.update_and_fetch(kv(seed), kv(-seed))?;
+                mlx_rs::transforms::eval(k.parts())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn kv(seed: f32) -> Array {
@@ -31,9 +58,7 @@ fn seed() -> &'static [u8] {
     SEED.get_or_init(|| {
         let mut caches = template();
         for i in 0..6 {
-            for c in &mut caches {
-                c.update_and_fetch(kv(i as f32), kv(-(i as f32))).unwrap();
-            }
+            step(&mut caches, i as f32).unwrap();
         }
         let p = dir().join("seed.kv");
         save(&p, "m1", &caches).unwrap();
@@ -57,7 +82,7 @@ fn replace(v: &mut serde_json::Value, data: &mut impl Iterator<Item = u8>) {
             }
         }
         Value::String(s) => {
-            const NAMES: [&str; 8] = ["plain", "rotating", "float32", "bfloat16", "int32", "m1", "m2", ""];
+            const NAMES: [&str; 9] = ["plain", "rotating", "recurrent", "float32", "bfloat16", "int32", "m1", "m2", ""];
             if let Some(tag) = next(1) {
                 if tag < 64 {
                     *s = NAMES[tag as usize % NAMES.len()].into();
@@ -101,9 +126,7 @@ fuzz_target!(|data: &[u8]| {
     let p = dir().join("input.kv");
     std::fs::write(&p, &file).unwrap();
     let t = template();
-    if let Ok(mut caches) = load(&p, &Expected { model: "m1", template: &t, kv_heads: 2, head_dim: 4 }) {
-        for c in &mut caches {
-            let _ = c.update_and_fetch(kv(9.0), kv(9.0)).and_then(|(k, _)| Ok(mlx_rs::transforms::eval(k.parts())?));
-        }
+    if let Ok(mut caches) = load(&p, &Expected { model: "m1", template: &t, shapes: &SHAPES }) {
+        let _ = step(&mut caches, 9.0);
     }
 });

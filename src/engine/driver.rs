@@ -1,6 +1,6 @@
 //! The engine thread's side of one session: prepare the plan, step the method while the
 //! consumer has room, then settle — close the run, release the lease and the collect budget,
-//! and publish the outcome. The seed's `EngineSession.#execute`, as a step machine.
+//! and publish the outcome. mlx-bun's `EngineSession.#execute`, as a step machine.
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Releasing several resources as one step (mlx-bun's `disposeResources`): every release runs
 //! exactly once, in order, even after earlier ones fail. Ownership itself is Rust's: a resource
 //! is released when its owner drops it or hands it to one of these releases, and moving it
-//! elsewhere is the seed's `transfer`.
+//! elsewhere is mlx-bun's `transfer`.
 use crate::error::{catch_panic, Error, Result};
 
 pub type Release<'a> = Box<dyn FnOnce() -> Result<()> + 'a>;

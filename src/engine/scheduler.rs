@@ -3,7 +3,7 @@
 //! one pending task, admissions (a burst of short ones together), preparation (prompt prefill),
 //! mixed preparation within a token budget, or one decode step of every running row.
 //!
-//! The seed's loop is `async` and yields to the event loop; the engine thread has no event loop,
+//! mlx-bun's loop (TypeScript) is `async` and yields to the event loop; the engine thread has no event loop,
 //! so the loop is a step machine: [`Scheduler::tick`] runs it up to its next yield and returns,
 //! and the thread's own loop (commands, other groups, idle timers) is what a yield hands back to.
 use super::resources::{dispose_all, Release};
@@ -19,7 +19,7 @@ pub struct MixedPreparation {
     pub minimum_preparation_tokens: usize,
 }
 
-/// What a group of rows sharing one execution looks like to the policy (the seed's
+/// What a group of rows sharing one execution looks like to the policy (mlx-bun's
 /// `ExecutionGroup`). `active` rows decode, `preparing` ones are being admitted (prefill),
 /// `queued` ones wait for admission.
 pub trait ExecutionGroup {

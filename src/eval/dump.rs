@@ -47,7 +47,7 @@ pub struct Manifest {
     pub created: String,
     #[serde(default)]
     pub notes: String,
-    /// Not in the seed's manifest: our writers add the reference's vocabulary so that a candidate
+    /// Not in mlx-bun's manifest: our writers add the reference's vocabulary so that a candidate
     /// of another one is refused before any forward. Dumps without it are checked id by id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<u64>,

@@ -89,7 +89,7 @@ fn what_the_writer_writes_the_reader_reads_back() {
     let rest = seq.read(3).unwrap();
     assert_eq!(rest.ids, vec![11, 12, 13, 12, 13, 14, 13, 14, 15]);
     assert_eq!(rest.lse, vec![4.0, 5.0, 6.0]);
-    // The manifest holds the seed's fields, and the vocabulary.
+    // The manifest holds mlx-bun's fields, and the vocabulary.
     let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(d.0.join("manifest.json")).unwrap()).unwrap();
     let keys: Vec<&str> = raw.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["format_version", "model", "corpus_sha256", "ctx_len", "n_seqs", "top_k", "positions_per_seq", "created", "notes", "vocab_size"]);

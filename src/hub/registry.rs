@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::repo_id_of;
 use crate::error::{Error, Result};
-use crate::model::gguf::Gguf;
+use crate::gguf::Gguf;
 use crate::model::gguf_weights;
 
 /// One model on disk; the fields and their meaning are mlx-bun's `ModelRecord`.

@@ -231,7 +231,8 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-    use crate::model::{create_model, gguf, gguf_weights};
+    use crate::gguf;
+    use crate::model::{create_model, gguf_weights};
 
     fn states(caches: &[LayerCache]) -> Vec<Vec<f32>> {
         caches
@@ -251,7 +252,7 @@ mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
     fn prefill_by_layers_equals_one_graph_and_stops_between_layers() {
-        let Some(g) = gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
+        let g = gguf::tests::test_file("MLX_BUN_TEST_GGUF");
         let (w, cfg) = gguf_weights::load(&g).unwrap();
         let model = create_model(w, cfg).unwrap();
         let ids = Array::from_slice(&[1u32, 502, 9, 1234, 77, 4000, 12, 8], &[1, 8]);

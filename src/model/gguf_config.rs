@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::gguf::Gguf;
+use crate::gguf::Gguf;
 use crate::error::{Error, Result};
 
 /// Gemma 3 alternates five sliding-window layers with one global layer; llama.cpp hardcodes

@@ -10,7 +10,7 @@
 //!   mixes Q4_K, Q6_K, Q5_0 and Q8_0), every quantized tensor is dequantized to bf16, not
 //!   re-quantized — lossless to the bf16 precision of the weights, larger in memory — and the
 //!   float tensors are cast to bf16 too, so the model is bf16 throughout like an HF bf16
-//!   checkpoint. Values are dequantized exactly (`gguf_quants`) and rounded to bf16 to nearest,
+//!   checkpoint. Values are dequantized exactly (`gguf::quants`) and rounded to bf16 to nearest,
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
@@ -22,10 +22,9 @@ use half::{bf16, f16};
 use serde_json::{json, Value};
 
 use super::config::ModelConfig;
-use super::gguf::{GgmlType, Gguf, TensorInfo};
+use crate::gguf::{quants, GgmlType, Gguf, TensorInfo};
 use super::gguf_config::{hf_config, Arch};
 use super::gguf_names::hf_name;
-use super::gguf_quants;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
 
@@ -153,7 +152,7 @@ fn storage(tensors: &[TensorInfo]) -> Result<Storage> {
     for t in tensors {
         match t.kind {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {}
-            kind if gguf_quants::supports(kind) => storage = Storage::Bf16,
+            kind if quants::supports(kind) => storage = Storage::Bf16,
             kind => return Err(Error::UnsupportedQuant { tensor: t.name.clone(), kind: kind.to_string() }),
         }
     }
@@ -167,7 +166,7 @@ fn dense(t: &TensorInfo, data: &[u8], dtype: DType, shift: f32) -> Result<Vec<u8
     let n = t.n_elements().ok_or_else(|| Error::tensor(&t.name, "shape overflows"))? as usize;
     let width = if dtype == DType::F32 { 4 } else { 2 };
     let mut out = Vec::with_capacity(n * width);
-    gguf_quants::dequantize_with(&t.name, t.kind, data, n, |values| {
+    quants::dequantize_with(&t.name, t.kind, data, n, |values| {
         for &v in values {
             let v = v - shift;
             match dtype {
@@ -272,7 +271,7 @@ fn quantization_block(modules: &BTreeMap<String, usize>) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::gguf::tests::GgufWriter;
+    use crate::gguf::tests::GgufWriter;
 
     /// A gemma2 file with the sizes of Gemma 2 27B's attention (46 layers, hidden 4608, 32 heads
     /// of 128) but tiny tensors: the query scale follows llama.cpp's 27B rule.
@@ -548,7 +547,7 @@ mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
     fn loads_real_gemma3() {
-        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GEMMA_GGUF") else { return };
+        let g = crate::gguf::tests::test_file("MLX_BUN_TEST_GEMMA_GGUF");
         let (w, cfg) = load(&g).unwrap();
         assert_eq!(cfg.model_type, "gemma3_text");
         assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), (640, 18, 256, 262144));

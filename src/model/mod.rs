@@ -12,10 +12,8 @@ pub mod gemma3_text;
 pub mod gemma4_text;
 pub mod gated_delta;
 pub mod glm4;
-pub mod gguf;
 pub mod gguf_config;
 pub mod gguf_names;
-pub mod gguf_quants;
 pub mod gguf_weights;
 pub mod granite;
 pub mod layers;
@@ -291,7 +289,7 @@ pub fn fingerprint(w: &Weights, cfg: &ModelConfig) -> String {
 /// read or converted).
 pub fn open_config(path: &Path) -> Result<ModelConfig> {
     if path.is_file() {
-        return gguf_weights::config(&gguf::Gguf::open(path)?);
+        return gguf_weights::config(&crate::gguf::Gguf::open(path)?);
     }
     ModelConfig::load(path)
 }
@@ -303,7 +301,7 @@ pub fn open_source(path: &Path) -> Result<(Weights, ModelConfig)> {
         return Err(Error::ModelNotFound(path.to_path_buf()));
     }
     if path.is_file() {
-        let gguf = gguf::Gguf::open(path)?;
+        let gguf = crate::gguf::Gguf::open(path)?;
         return gguf_weights::load(&gguf);
     }
     let config = ModelConfig::load(path)?;

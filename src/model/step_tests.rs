@@ -3,17 +3,17 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::{create_model, gguf, gguf_weights, LanguageModel, Logits, StepContext, Tokens};
+use super::{create_model, gguf_weights, LanguageModel, Logits, StepContext, Tokens};
 use crate::cache::{BatchKvCache, CacheView, LayerCache};
 use crate::mlx::host::to_f32_vec;
 
 const ALL: StepContext<'static> = StepContext { logits: Logits::All, check: None };
 const FILL: StepContext<'static> = StepContext { logits: Logits::None, check: None };
 
-fn load(var: &str) -> Option<Box<dyn LanguageModel>> {
-    let g = gguf::test_file(var)?;
+fn load(var: &str) -> Box<dyn LanguageModel> {
+    let g = crate::gguf::tests::test_file(var);
     let (w, cfg) = gguf_weights::load(&g).unwrap();
-    Some(create_model(w, cfg).unwrap())
+    create_model(w, cfg).unwrap()
 }
 
 /// Row histories of different lengths (so that a stack pads them), and the new tokens each row
@@ -101,7 +101,7 @@ fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
 #[test]
 #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
 fn rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
-    let Some(model) = load("MLX_BUN_TEST_GGUF") else { return };
+    let model = load("MLX_BUN_TEST_GGUF");
     assert!(model.stackable());
     check_ragged_step(model.as_ref(), false);
     check_ragged_step(model.as_ref(), true);
@@ -112,7 +112,7 @@ fn rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
 #[test]
 #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
 fn gemma_rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
-    let Some(model) = load("MLX_BUN_TEST_GEMMA_GGUF") else { return };
+    let model = load("MLX_BUN_TEST_GEMMA_GGUF");
     assert!(!model.stackable());
     check_ragged_step(model.as_ref(), false);
 }

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::{config_token, json_ids, read_json, ChatTemplate, Tokenizer};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::gguf::Gguf;
+use crate::gguf::Gguf;
 
 /// The tokenizer and chat template (if any) of a model folder or `.gguf` file.
 pub fn load_tokenizer(path: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> {

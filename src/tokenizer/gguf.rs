@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value as Json};
 
 use crate::error::{Error, Result};
-use crate::model::gguf::Gguf;
+use crate::gguf::Gguf;
 
 /// llama.cpp token types (`llama_token_type`).
 const UNKNOWN: i64 = 2;
@@ -235,7 +235,7 @@ fn bos_post_processor(bos: &str, id: u64) -> Json {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::gguf::tests::GgufWriter;
+    use crate::gguf::tests::GgufWriter;
     use crate::tokenizer::Tokenizer;
 
     pub(crate) const BYTE_LEVEL_SPECIALS: [&str; 4] =
@@ -468,7 +468,7 @@ pub(crate) mod tests {
     #[test]
     #[ignore = "needs MLX_BUN_TEST_GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf"]
     fn real_smollm2_vocabulary() {
-        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GGUF") else { return };
+        let g = crate::gguf::tests::test_file("MLX_BUN_TEST_GGUF");
                 let tok = Tokenizer::from_gguf(&g).unwrap();
         assert_eq!(tok.encode("Hello world!", true).unwrap(), [19556, 905, 17]);
         let text = "<|im_start|>user\n日本語 123  🤗<|im_end|>\n";

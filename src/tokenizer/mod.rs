@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
-use crate::model::gguf::Gguf;
+use crate::gguf::Gguf;
 
 /// A loaded tokenizer and the special ids generation needs. Cloning is cheap (the vocabulary
 /// is shared), so streams and requests can each hold one.

@@ -20,10 +20,140 @@
 //! - Q6_K (256, 210): ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (i8, per 16 elements), d; y = d·sc·(q − 32)
 //!
 //! F32, F16 and BF16 pass through (widened to f32).
+use std::fmt;
+
 use half::{bf16, f16};
 
-use super::gguf::GgmlType;
 use crate::error::{Error, Result};
+
+/// The storage type of a tensor (ggml's `ggml_type`).
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+    BF16,
+    /// A type this reader cannot lay out; kept so that such a file still opens and the error
+    /// comes only when that tensor is actually needed.
+    Other(u32),
+}
+
+impl GgmlType {
+    pub fn from_u32(id: u32) -> Self {
+        match id {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
+            8 => Self::Q8_0,
+            9 => Self::Q8_1,
+            10 => Self::Q2K,
+            11 => Self::Q3K,
+            12 => Self::Q4K,
+            13 => Self::Q5K,
+            14 => Self::Q6K,
+            15 => Self::Q8K,
+            30 => Self::BF16,
+            other => Self::Other(other),
+        }
+    }
+
+    /// ggml's name for the type; for `Other`, the name of the ggml type with that id when there
+    /// is one, so that error messages say "IQ2_XXS" rather than a number.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q8_1 => "Q8_1",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
+            Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
+            Self::Q6K => "Q6_K",
+            Self::Q8K => "Q8_K",
+            Self::BF16 => "BF16",
+            Self::Other(id) => match id {
+                16 => "IQ2_XXS",
+                17 => "IQ2_XS",
+                18 => "IQ3_XXS",
+                19 => "IQ1_S",
+                20 => "IQ4_NL",
+                21 => "IQ3_S",
+                22 => "IQ2_S",
+                23 => "IQ4_XS",
+                24 => "I8",
+                25 => "I16",
+                26 => "I32",
+                27 => "I64",
+                28 => "F64",
+                29 => "IQ1_M",
+                34 => "TQ1_0",
+                35 => "TQ2_0",
+                39 => "MXFP4",
+                _ => "unknown",
+            },
+        }
+    }
+
+    /// Elements per block; `None` for `Other`.
+    pub fn block_size(self) -> Option<u64> {
+        Some(match self {
+            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
+            Self::Other(_) => return None,
+        })
+    }
+
+    /// Bytes per block; `None` for `Other`.
+    pub fn type_size(self) -> Option<u64> {
+        Some(match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q8_0 => 34,
+            Self::Q8_1 => 36,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+            Self::Q6K => 210,
+            Self::Q8K => 292,
+            Self::Other(_) => return None,
+        })
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Other(id) => write!(f, "{} (ggml type {id})", self.name()),
+            _ => f.write_str(self.name()),
+        }
+    }
+}
 
 /// How many blocks `dequantize_with` hands over at a time (a quarter of a MiB of f32 or less).
 const CHUNK_BLOCKS: usize = 256;
@@ -375,7 +505,7 @@ mod tests {
     #[ignore = "needs MLX_BUN_TEST_GEMMA_GGUF=path/to/gemma-3-270m-q4_k_m.gguf"]
     fn real_gemma3_tensors_match_gguf_py() {
         use sha2::{Digest, Sha256};
-        let Some(g) = crate::model::gguf::test_file("MLX_BUN_TEST_GEMMA_GGUF") else { return };
+        let g = crate::gguf::tests::test_file("MLX_BUN_TEST_GEMMA_GGUF");
         let values = |name: &str| {
             let t = g.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
             let n = t.n_elements().unwrap() as usize;
