@@ -10,6 +10,10 @@ echo "== cargo test ($(date -u +%T))"
 MLX_BUN_TEST_GGUF="$FIX/home/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
 MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
   cargo test --release -q -- --include-ignored
+# The fuzz targets (fuzz/, run by scripts/fuzz.sh, not here: a nightly sanitizer build of every
+# dependency) are type-checked against the current API, which twice changed under them unseen.
+echo "== fuzz targets compile ($(date -u +%T))"
+cargo check -q --manifest-path fuzz/Cargo.toml --bins
 echo "== node --test ($(date -u +%T))"
 # --expose-gc reaches every test file; the session tests use it to check that sessions dropped
 # without closing are reclaimed by garbage collection.
