@@ -240,6 +240,13 @@ const GGUF_ARCH = {
   starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
   granite: { 'post_attention_layernorm': 'ffn_norm' },
   qwen2: { 'post_attention_layernorm': 'ffn_norm' },
+  phi3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.qkv_proj': 'attn_qkv', 'mlp.gate_up_proj': 'ffn_up' },
+  phi3_su: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.qkv_proj': 'attn_qkv', 'mlp.gate_up_proj': 'ffn_up' },
+  glm4: {
+    'post_self_attn_layernorm': 'post_attention_norm', 'post_attention_layernorm': 'ffn_norm',
+    'post_mlp_layernorm': 'post_ffw_norm', 'mlp.gate_up_proj': 'ffn_up',
+  },
+  smollm3_full: { 'post_attention_layernorm': 'ffn_norm' },
   qwen3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   qwen3_moe_sparse: {
     'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',
@@ -281,7 +288,7 @@ function asGguf(dir, file) {
       const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
       data = Buffer.from(v.buffer)
     }
-    if (arch === 'granite' && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
+    if (['granite', 'smollm3'].includes(arch) && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
       data = permuteRows(data, t.shape[0], m[2] === 'self_attn.q_proj' ? cfg.num_attention_heads : cfg.num_key_value_heads)
     }
     return { name: gguf, dims: [...t.shape].reverse(), type: 0, data }
@@ -310,6 +317,18 @@ function asGguf(dir, file) {
     kv['qwen3moe.expert_count'] = cfg.num_experts
     kv['qwen3moe.expert_used_count'] = cfg.num_experts_per_tok
     kv['qwen3moe.expert_feed_forward_length'] = cfg.moe_intermediate_size
+  }
+  const headDim = cfg.head_dim ?? cfg.hidden_size / cfg.num_attention_heads
+  if (arch === 'phi3' || arch === 'glm4') {
+    kv[`${arch}.rope.dimension_count`] = Math.floor(headDim * (cfg.partial_rotary_factor ?? (arch === 'glm4' ? 0.5 : 1)))
+  }
+  if (arch === 'phi3') {
+    kv['phi3.rope.scaling.original_context_length'] = cfg.original_max_position_embeddings
+    // LongRoPE's factors, as the converter's generate_extra_tensors writes them.
+    for (const which of ['long', 'short']) {
+      const f = cfg.rope_scaling?.[`${which}_factor`]
+      if (f) tensors.push({ name: `rope_factors_${which}.weight`, dims: [f.length], type: 0, data: Buffer.from(new Float32Array(f).buffer) })
+    }
   }
   if (arch === 'gemma2') {
     kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping

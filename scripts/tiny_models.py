@@ -143,6 +143,13 @@ ARCHS = [
         "no_rope_layer_interval": 2, "sliding_window": WINDOW,
         "layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"],
     }),
+    # SmolLM3 as its GGUF files describe it (llama.cpp keeps no windows and hardcodes NoPE in
+    # every fourth layer): the GGUF test's reference.
+    ("smollm3_full", 2700, {
+        "model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4,
+        "rope_theta": 5000000.0, "tie_word_embeddings": False, "max_position_embeddings": 65536,
+        "no_rope_layer_interval": 4,
+    }),
     ("olmo2", 1300, {
         "model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "num_hidden_layers": 2,
         "rope_theta": 500000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,

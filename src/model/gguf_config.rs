@@ -1,10 +1,11 @@
 //! The config.json a GGUF file's header describes, per llama.cpp architecture, with the HF key
-//! names and the values mlx-lm reads. Reads only metadata.
+//! names and the values mlx-lm reads. Reads metadata, and the one kind of tensor that is config
+//! rather than weights: Phi-3's LongRoPE factors (a few hundred floats).
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::gguf::Gguf;
+use crate::gguf::{quants, Gguf};
 use crate::error::{Error, Result};
 
 /// Gemma 3 alternates five sliding-window layers with one global layer; llama.cpp hardcodes
@@ -30,6 +31,9 @@ pub(super) enum Arch {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    Phi3,
+    Glm4,
+    Smollm3,
 }
 
 impl Arch {
@@ -45,6 +49,9 @@ impl Arch {
             Some("qwen2") => Ok(Arch::Qwen2),
             Some("qwen3") => Ok(Arch::Qwen3),
             Some("qwen3moe") => Ok(Arch::Qwen3Moe),
+            Some("phi3") => Ok(Arch::Phi3),
+            Some("glm4") => Ok(Arch::Glm4),
+            Some("smollm3") => Ok(Arch::Smollm3),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -66,6 +73,9 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Qwen2 => qwen_config(&Meta { g, path, prefix: "qwen2" }, "qwen2", "Qwen2ForCausalLM"),
         Arch::Qwen3 => qwen_config(&Meta { g, path, prefix: "qwen3" }, "qwen3", "Qwen3ForCausalLM"),
         Arch::Qwen3Moe => qwen3_moe_config(&Meta { g, path, prefix: "qwen3moe" }),
+        Arch::Phi3 => phi3_config(&Meta { g, path, prefix: "phi3" }),
+        Arch::Glm4 => glm4_config(&Meta { g, path, prefix: "glm4" }),
+        Arch::Smollm3 => smollm3_config(&Meta { g, path, prefix: "smollm3" }),
     }
 }
 
@@ -289,4 +299,139 @@ fn granite_config(m: &Meta) -> Result<Value> {
         cfg["rope_scaling"] = s;
     }
     Ok(cfg)
+}
+
+/// The fraction of each head that `rope.dimension_count` rotates (llama.cpp stores the count).
+fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
+    match m.u64("rope.dimension_count") {
+        None => Ok(1.0),
+        Some(n @ 1..) if n <= head_dim && n % 2 == 0 => Ok(n as f64 / head_dim as f64),
+        Some(n) => Err(Error::config(m.path, format!("{} is {n}: not an even count of at most the head size {head_dim}", m.key("rope.dimension_count")))),
+    }
+}
+
+/// Tensors that hold configuration, not weights: the loaders skip them.
+pub(super) fn is_config_tensor(arch: Arch, name: &str) -> bool {
+    arch == Arch::Phi3 && matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight")
+}
+
+/// Phi-3 / Phi-3.5 / Phi-4-mini: head size hidden / heads, RoPE over `rope.dimension_count` of
+/// it, and LongRoPE's per-frequency factors (Phi-3.5's 128K context) as two tensors, which
+/// llama.cpp's converter writes for "su"/"longrope" scaling.
+fn phi3_config(m: &Meta) -> Result<Value> {
+    let mut cfg = with(sizes(m, "attention.key_length", 1e-5)?, json!({
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+    }));
+    let head_dim = cfg["hidden_size"].as_u64().unwrap_or(1) / cfg["num_attention_heads"].as_u64().unwrap_or(1);
+    let partial = partial_rotary_factor(m, head_dim)?;
+    cfg["partial_rotary_factor"] = json!(partial);
+    let original = m.u64("rope.scaling.original_context_length").or(cfg["max_position_embeddings"].as_u64());
+    cfg["original_max_position_embeddings"] = json!(original);
+    let factors = |name: &str| -> Result<Option<Vec<f32>>> {
+        let Some(t) = m.g.tensor(name) else { return Ok(None) };
+        let n = (head_dim as f64 * partial) as usize / 2;
+        if t.dims.len() != 1 || t.dims[0] != n as u64 {
+            return Err(Error::tensor(name, format!("has shape {:?}, not the {n} factors of the rotated dimensions", t.dims)));
+        }
+        Ok(Some(quants::dequantize(name, t.kind, m.g.tensor_data(t)?, n)?))
+    };
+    match (factors("rope_factors_long.weight")?, factors("rope_factors_short.weight")?) {
+        (Some(long), Some(short)) => cfg["rope_scaling"] = json!({"type": "longrope", "long_factor": long, "short_factor": short}),
+        (None, None) => {}
+        _ => return Err(Error::config(m.path, "GGUF has one of rope_factors_long and rope_factors_short, not both")),
+    }
+    Ok(cfg)
+}
+
+/// GLM-4-0414: q/k/v biases (told by the tensors), RoPE over the first `rope.dimension_count`
+/// of each head (half, by default) in interleaved pairs, as in mlx-lm; llama.cpp does not permute
+/// the rows.
+fn glm4_config(m: &Meta) -> Result<Value> {
+    let mut cfg = with(sizes(m, "attention.key_length", 1e-5)?, json!({
+        "architectures": ["Glm4ForCausalLM"],
+        "model_type": "glm4",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+    }));
+    let head_dim = cfg["head_dim"].as_u64().unwrap_or(1);
+    cfg["partial_rotary_factor"] = json!(partial_rotary_factor(m, head_dim)?);
+    Ok(cfg)
+}
+
+/// SmolLM3: llama with no RoPE in every fourth layer. GGUF has no key for that: llama.cpp
+/// hardcodes the interval (4, SmolLM3's), and neither the converter nor the runtime keeps
+/// sliding windows.
+fn smollm3_config(m: &Meta) -> Result<Value> {
+    let mut cfg = llama_config(m)?;
+    cfg["architectures"] = json!(["SmolLM3ForCausalLM"]);
+    cfg["model_type"] = json!("smollm3");
+    cfg["no_rope_layer_interval"] = json!(4);
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::tests::GgufWriter;
+
+    /// A phi3 header (hidden 64, 4 heads: head size 16), with `extra` metadata and tensors.
+    fn phi3(extra: impl Fn(&mut GgufWriter)) -> Result<Value> {
+        let mut w = GgufWriter::new();
+        w.str("general.architecture", "phi3")
+            .u32("phi3.embedding_length", 64)
+            .u32("phi3.block_count", 1)
+            .u32("phi3.feed_forward_length", 128)
+            .u32("phi3.attention.head_count", 4)
+            .u32("phi3.context_length", 4096)
+            .strs("tokenizer.ggml.tokens", &["a", "b"]);
+        extra(&mut w);
+        let file = w.write();
+        hf_config(Arch::Phi3, &Gguf::open(&file.0).unwrap())
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn phi3_longrope_factors_come_from_their_tensors() {
+        let cfg = phi3(|w| {
+            w.u32("phi3.rope.dimension_count", 8).u32("phi3.rope.scaling.original_context_length", 1024);
+            w.tensor("rope_factors_long.weight", &[4], 0, &f32s(&[1.0, 1.25, 2.5, 4.0]));
+            w.tensor("rope_factors_short.weight", &[4], 0, &f32s(&[1.0, 1.05, 1.1, 1.2]));
+        })
+        .unwrap();
+        assert_eq!(cfg["partial_rotary_factor"], json!(0.5));
+        assert_eq!(cfg["original_max_position_embeddings"], json!(1024));
+        assert_eq!(cfg["rope_scaling"]["type"], json!("longrope"));
+        assert_eq!(cfg["rope_scaling"]["long_factor"], json!([1.0, 1.25, 2.5, 4.0]));
+        // Without factors: plain RoPE over the whole head, the context as the original one.
+        let cfg = phi3(|_| {}).unwrap();
+        assert_eq!((cfg["partial_rotary_factor"].clone(), cfg["rope_scaling"].clone()), (json!(1.0), Value::Null));
+        assert_eq!(cfg["original_max_position_embeddings"], json!(4096));
+    }
+
+    #[test]
+    fn phi3_rope_sizes_are_checked_against_the_head() {
+        let err = |e: Result<Value>| e.unwrap_err().to_string();
+        let odd = err(phi3(|w| {
+            w.u32("phi3.rope.dimension_count", 7);
+        }));
+        assert!(odd.contains("phi3.rope.dimension_count is 7"), "{odd}");
+        let wider = err(phi3(|w| {
+            w.u32("phi3.rope.dimension_count", 32);
+        }));
+        assert!(wider.contains("at most the head size 16"), "{wider}");
+        let short = err(phi3(|w| {
+            w.u32("phi3.rope.dimension_count", 8);
+            w.tensor("rope_factors_long.weight", &[3], 0, &f32s(&[1.0; 3]));
+            w.tensor("rope_factors_short.weight", &[3], 0, &f32s(&[1.0; 3]));
+        }));
+        assert!(short.contains("rope_factors_long.weight") && short.contains("not the 4 factors"), "{short}");
+        let one = err(phi3(|w| {
+            w.tensor("rope_factors_long.weight", &[8], 0, &f32s(&[1.0; 8]));
+        }));
+        assert!(one.contains("not both"), "{one}");
+    }
 }

@@ -18,7 +18,16 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2, "ffn_norm") => "post_attention_layernorm",
+        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2 | Arch::Phi3 | Arch::Smollm3 | Arch::Glm4, "ffn_norm") => {
+            "post_attention_layernorm"
+        }
+        // GLM-4's sandwich norms: after attention, and after the MLP.
+        (Arch::Glm4, "post_attention_norm") => "post_self_attn_layernorm",
+        (Arch::Glm4, "post_ffw_norm") => "post_mlp_layernorm",
+        // Phi-3's fused q/k/v, and Phi-3's and GLM-4's fused gate and up projections (gate rows
+        // first), kept fused as mlx-lm keeps them.
+        (Arch::Phi3, "attn_qkv") => "self_attn.qkv_proj",
+        (Arch::Phi3 | Arch::Glm4, "ffn_up") => "mlp.gate_up_proj",
         // Gemma 2 and 3 norm before and after attention and the MLP, OLMo 2 only after.
         (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
         (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
@@ -58,6 +67,15 @@ mod tests {
         assert_eq!(hf_name(Arch::Llama, "blk.0.unknown.weight"), None);
         assert_eq!(hf_name(Arch::Qwen2, "blk.1.attn_k.bias").unwrap(), "model.layers.1.self_attn.k_proj.bias");
         assert_eq!(hf_name(Arch::Qwen2, "blk.1.ffn_norm.weight").unwrap(), "model.layers.1.post_attention_layernorm.weight");
+        // Fused projections stay fused; GLM-4's sandwich norms; no fused names elsewhere.
+        assert_eq!(hf_name(Arch::Phi3, "blk.0.attn_qkv.weight").unwrap(), "model.layers.0.self_attn.qkv_proj.weight");
+        assert_eq!(hf_name(Arch::Phi3, "blk.0.ffn_up.weight").unwrap(), "model.layers.0.mlp.gate_up_proj.weight");
+        assert_eq!(hf_name(Arch::Glm4, "blk.0.ffn_up.weight").unwrap(), "model.layers.0.mlp.gate_up_proj.weight");
+        assert_eq!(hf_name(Arch::Glm4, "blk.0.post_attention_norm.weight").unwrap(), "model.layers.0.post_self_attn_layernorm.weight");
+        assert_eq!(hf_name(Arch::Glm4, "blk.0.ffn_norm.weight").unwrap(), "model.layers.0.post_attention_layernorm.weight");
+        assert_eq!(hf_name(Arch::Glm4, "blk.0.post_ffw_norm.weight").unwrap(), "model.layers.0.post_mlp_layernorm.weight");
+        assert_eq!(hf_name(Arch::Llama, "blk.0.attn_qkv.weight"), None);
+        assert_eq!(hf_name(Arch::Smollm3, "blk.0.ffn_up.weight").unwrap(), "model.layers.0.mlp.up_proj.weight");
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
-//! `llama`, `granite`, `gemma`, `gemma2`, `gemma3`, `olmo2` and `starcoder2` architectures (their
-//! configs in gguf_config.rs).
+//! llama.cpp architectures of `gguf_config::Arch` (their configs in gguf_config.rs).
 //!
 //! How tensors are stored is decided once per file, so that a model has one consistent form:
 //! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
@@ -14,7 +13,7 @@
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
-//! llama's and granite's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
+//! llama's, granite's and smollm3's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
 //! which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
 use std::collections::BTreeMap;
 
@@ -23,7 +22,7 @@ use serde_json::{json, Value};
 
 use super::config::ModelConfig;
 use crate::gguf::{quants, GgmlType, Gguf, TensorInfo};
-use super::gguf_config::{hf_config, Arch};
+use super::gguf_config::{hf_config, is_config_tensor, Arch};
 use super::gguf_names::hf_name;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
@@ -52,7 +51,7 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
     let mut raw = hf_config(arch, g)?;
     let mut quant: BTreeMap<String, usize> = BTreeMap::new();
     let mut tied = true;
-    for t in &g.tensors {
+    for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         tied &= name != "lm_head.weight";
         // Projection biases are told by the tensors alone.
@@ -96,10 +95,11 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     let (cfg_heads, cfg_kv) = (config.num_attention_heads, config.num_key_value_heads);
 
     let mut tensors = BTreeMap::new();
-    for t in &g.tensors {
+    for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
-        // llama.cpp permutes the q/k rows (weights and biases) of llama and granite only.
-        let permuted = matches!(arch, Arch::Llama | Arch::Granite);
+        // llama.cpp permutes the q/k rows (weights and biases) of the architectures its converter
+        // derives from LlamaModel: llama, granite, smollm3.
+        let permuted = matches!(arch, Arch::Llama | Arch::Granite | Arch::Smollm3);
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if permuted => Some(cfg_heads),
             Some("attn_k") if permuted => Some(cfg_kv),
