@@ -247,6 +247,7 @@ const GGUF_ARCH = {
     'post_mlp_layernorm': 'post_ffw_norm', 'mlp.gate_up_proj': 'ffn_up',
   },
   smollm3_full: { 'post_attention_layernorm': 'ffn_norm' },
+  minicpm: { 'post_attention_layernorm': 'ffn_norm' },
   qwen3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
   qwen3_moe_sparse: {
     'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',
@@ -288,7 +289,7 @@ function asGguf(dir, file) {
       const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
       data = Buffer.from(v.buffer)
     }
-    if (['granite', 'smollm3'].includes(arch) && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
+    if (['granite', 'smollm3', 'minicpm'].includes(arch) && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
       data = permuteRows(data, t.shape[0], m[2] === 'self_attn.q_proj' ? cfg.num_attention_heads : cfg.num_key_value_heads)
     }
     return { name: gguf, dims: [...t.shape].reverse(), type: 0, data }
@@ -329,6 +330,12 @@ function asGguf(dir, file) {
       const f = cfg.rope_scaling?.[`${which}_factor`]
       if (f) tensors.push({ name: `rope_factors_${which}.weight`, dims: [f.length], type: 0, data: Buffer.from(new Float32Array(f).buffer) })
     }
+  }
+  if (arch === 'minicpm') {
+    // The products llama.cpp's converter stores, computed in double precision as it does.
+    kv['minicpm.embedding_scale'] = { f32: cfg.scale_emb }
+    kv['minicpm.residual_scale'] = { f32: cfg.scale_depth / Math.sqrt(cfg.num_hidden_layers) }
+    kv['minicpm.logit_scale'] = { f32: cfg.hidden_size / cfg.dim_model_base }
   }
   if (arch === 'gemma2') {
     kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping

@@ -136,6 +136,7 @@ function writeGguf(file, kv, tensors) {
     parts.push(str(k))
     if (typeof v === 'string') parts.push(u32(8), str(v))
     else if (Array.isArray(v)) parts.push(u32(9), u32(8), u64(v.length), ...v.map(str))
+    else if (typeof v === 'object') parts.push(u32(6), f32(v.f32)) // { f32: 12 }: a float that happens to be whole
     else if (Number.isInteger(v)) parts.push(u32(4), u32(v))
     else parts.push(u32(6), f32(v))
   }

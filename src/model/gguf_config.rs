@@ -34,6 +34,7 @@ pub(super) enum Arch {
     Phi3,
     Glm4,
     Smollm3,
+    Minicpm,
 }
 
 impl Arch {
@@ -52,6 +53,7 @@ impl Arch {
             Some("phi3") => Ok(Arch::Phi3),
             Some("glm4") => Ok(Arch::Glm4),
             Some("smollm3") => Ok(Arch::Smollm3),
+            Some("minicpm") => Ok(Arch::Minicpm),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -76,6 +78,7 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Phi3 => phi3_config(&Meta { g, path, prefix: "phi3" }),
         Arch::Glm4 => glm4_config(&Meta { g, path, prefix: "glm4" }),
         Arch::Smollm3 => smollm3_config(&Meta { g, path, prefix: "smollm3" }),
+        Arch::Minicpm => minicpm_config(&Meta { g, path, prefix: "minicpm" }),
     }
 }
 
@@ -370,6 +373,30 @@ fn smollm3_config(m: &Meta) -> Result<Value> {
     Ok(cfg)
 }
 
+/// MiniCPM (1 and 2): llama blocks with muP scaling, which llama.cpp stores as the products it
+/// uses (`embedding_scale` = scale_emb, `residual_scale` = scale_depth / √layers, `logit_scale` =
+/// hidden / dim_model_base); mlx-lm's config fields are recovered from them.
+fn minicpm_config(m: &Meta) -> Result<Value> {
+    let cfg = sizes(m, "attention.key_length", 1e-5)?;
+    let positive = |k: &str| -> Result<f64> {
+        match m.f32(k) {
+            Some(v) if v.is_finite() && v > 0.0 => Ok(v as f64),
+            Some(v) => Err(Error::config(m.path, format!("{} is {v}, not a positive number", m.key(k)))),
+            None => Err(Error::config(m.path, format!("GGUF is missing {}", m.key(k)))),
+        }
+    };
+    let layers = cfg["num_hidden_layers"].as_u64().unwrap_or(1) as f64;
+    let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f64;
+    Ok(with(cfg, json!({
+        "architectures": ["MiniCPMForCausalLM"],
+        "model_type": "minicpm",
+        "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
+        "scale_emb": positive("embedding_scale")?,
+        "scale_depth": positive("residual_scale")? * layers.sqrt(),
+        "dim_model_base": hidden / positive("logit_scale")?,
+    })))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +460,30 @@ mod tests {
             w.tensor("rope_factors_long.weight", &[8], 0, &f32s(&[1.0; 8]));
         }));
         assert!(one.contains("not both"), "{one}");
+    }
+
+    #[test]
+    fn minicpm_scales_are_recovered_and_checked() {
+        let file = |scale: f32| {
+            let mut w = GgufWriter::new();
+            w.str("general.architecture", "minicpm")
+                .u32("minicpm.embedding_length", 64)
+                .u32("minicpm.block_count", 4)
+                .u32("minicpm.feed_forward_length", 128)
+                .u32("minicpm.attention.head_count", 4)
+                .f32("minicpm.embedding_scale", scale)
+                .f32("minicpm.residual_scale", 0.7)
+                .f32("minicpm.logit_scale", 4.0)
+                .strs("tokenizer.ggml.tokens", &["a", "b"]);
+            w.write()
+        };
+        let f = file(12.0);
+        let cfg = hf_config(Arch::Minicpm, &Gguf::open(&f.0).unwrap()).unwrap();
+        assert_eq!(cfg["scale_emb"], json!(12.0));
+        assert!((cfg["scale_depth"].as_f64().unwrap() - 1.4).abs() < 1e-6, "{}", cfg["scale_depth"]);
+        assert_eq!(cfg["dim_model_base"], json!(16.0));
+        let f = file(0.0);
+        let e = hf_config(Arch::Minicpm, &Gguf::open(&f.0).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("minicpm.embedding_scale is 0, not a positive number"), "{e}");
     }
 }

@@ -18,7 +18,7 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     }
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
-        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2 | Arch::Phi3 | Arch::Smollm3 | Arch::Glm4, "ffn_norm") => {
+        (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2 | Arch::Phi3 | Arch::Smollm3 | Arch::Glm4 | Arch::Minicpm, "ffn_norm") => {
             "post_attention_layernorm"
         }
         // GLM-4's sandwich norms: after attention, and after the MLP.

@@ -13,7 +13,7 @@
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
-//! llama's, granite's and smollm3's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
+//! llama's, granite's, smollm3's and minicpm's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
 //! which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
 use std::collections::BTreeMap;
 
@@ -98,8 +98,9 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         // llama.cpp permutes the q/k rows (weights and biases) of the architectures its converter
-        // derives from LlamaModel: llama, granite, smollm3.
-        let permuted = matches!(arch, Arch::Llama | Arch::Granite | Arch::Smollm3);
+        // derives from LlamaModel or whose own converter calls its permute: llama, granite,
+        // smollm3, minicpm.
+        let permuted = matches!(arch, Arch::Llama | Arch::Granite | Arch::Smollm3 | Arch::Minicpm);
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if permuted => Some(cfg_heads),
             Some("attn_k") if permuted => Some(cfg_kv),
