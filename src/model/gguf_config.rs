@@ -375,25 +375,27 @@ fn smollm3_config(m: &Meta) -> Result<Value> {
 
 /// MiniCPM (1 and 2): llama blocks with muP scaling, which llama.cpp stores as the products it
 /// uses (`embedding_scale` = scale_emb, `residual_scale` = scale_depth / √layers, `logit_scale` =
-/// hidden / dim_model_base); mlx-lm's config fields are recovered from them.
+/// hidden / dim_model_base); mlx-lm's config fields are recovered from them. Files from older
+/// converters have none of the three: their runtime hardcoded every MiniCPM release's values
+/// (scale_emb 12, scale_depth 1.4, dim_model_base 256), which are the defaults here.
 fn minicpm_config(m: &Meta) -> Result<Value> {
     let cfg = sizes(m, "attention.key_length", 1e-5)?;
-    let positive = |k: &str| -> Result<f64> {
+    let layers = cfg["num_hidden_layers"].as_u64().unwrap_or(1) as f64;
+    let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f64;
+    let positive = |k: &str, default: f64| -> Result<f64> {
         match m.f32(k) {
             Some(v) if v.is_finite() && v > 0.0 => Ok(v as f64),
             Some(v) => Err(Error::config(m.path, format!("{} is {v}, not a positive number", m.key(k)))),
-            None => Err(Error::config(m.path, format!("GGUF is missing {}", m.key(k)))),
+            None => Ok(default),
         }
     };
-    let layers = cfg["num_hidden_layers"].as_u64().unwrap_or(1) as f64;
-    let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f64;
     Ok(with(cfg, json!({
         "architectures": ["MiniCPMForCausalLM"],
         "model_type": "minicpm",
         "rope_theta": m.f32("rope.freq_base").unwrap_or(10000.0),
-        "scale_emb": positive("embedding_scale")?,
-        "scale_depth": positive("residual_scale")? * layers.sqrt(),
-        "dim_model_base": hidden / positive("logit_scale")?,
+        "scale_emb": positive("embedding_scale", 12.0)?,
+        "scale_depth": positive("residual_scale", 1.4 / layers.sqrt())? * layers.sqrt(),
+        "dim_model_base": hidden / positive("logit_scale", hidden / 256.0)?,
     })))
 }
 
@@ -482,6 +484,19 @@ mod tests {
         assert_eq!(cfg["scale_emb"], json!(12.0));
         assert!((cfg["scale_depth"].as_f64().unwrap() - 1.4).abs() < 1e-6, "{}", cfg["scale_depth"]);
         assert_eq!(cfg["dim_model_base"], json!(16.0));
+        // A file from an older converter, without the scales: every MiniCPM release's values.
+        let mut w = GgufWriter::new();
+        w.str("general.architecture", "minicpm")
+            .u32("minicpm.embedding_length", 2304)
+            .u32("minicpm.block_count", 40)
+            .u32("minicpm.feed_forward_length", 5760)
+            .u32("minicpm.attention.head_count", 36)
+            .strs("tokenizer.ggml.tokens", &["a", "b"]);
+        let old = w.write();
+        let cfg = hf_config(Arch::Minicpm, &Gguf::open(&old.0).unwrap()).unwrap();
+        assert_eq!(cfg["scale_emb"], json!(12.0));
+        assert!((cfg["scale_depth"].as_f64().unwrap() - 1.4).abs() < 1e-12);
+        assert_eq!(cfg["dim_model_base"], json!(256.0));
         let f = file(0.0);
         let e = hf_config(Arch::Minicpm, &Gguf::open(&f.0).unwrap()).unwrap_err().to_string();
         assert!(e.contains("minicpm.embedding_scale is 0, not a positive number"), "{e}");

@@ -101,6 +101,8 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
         // derives from LlamaModel or whose own converter calls its permute: llama, granite,
         // smollm3, minicpm.
         let permuted = matches!(arch, Arch::Llama | Arch::Granite | Arch::Smollm3 | Arch::Minicpm);
+        // MiniCPM's converter permutes the weights only, not the biases.
+        let permuted = permuted && !(arch == Arch::Minicpm && t.name.ends_with(".bias"));
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if permuted => Some(cfg_heads),
             Some("attn_k") if permuted => Some(cfg_kv),
