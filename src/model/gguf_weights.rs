@@ -13,8 +13,9 @@
 //!   ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
-//! llama's, granite's, smollm3's and minicpm's q/k rows are un-permuted (RoPE interleaving); Gemma's RMSNorm weights,
-//! which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any rounding).
+//! llama's, granite's, smollm3's and minicpm's q/k rows are un-permuted (RoPE interleaving);
+//! Gemma's RMSNorm weights, which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any
+//! rounding).
 use std::collections::BTreeMap;
 
 use half::{bf16, f16};
@@ -97,12 +98,13 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     let mut tensors = BTreeMap::new();
     for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
-        // llama.cpp permutes the q/k rows (weights and biases) of the architectures its converter
-        // derives from LlamaModel or whose own converter calls its permute: llama, granite,
-        // smollm3, minicpm.
-        let permuted = matches!(arch, Arch::Llama | Arch::Granite | Arch::Smollm3 | Arch::Minicpm);
-        // MiniCPM's converter permutes the weights only, not the biases.
-        let permuted = permuted && !(arch == Arch::Minicpm && t.name.ends_with(".bias"));
+        // llama.cpp permutes the q/k rows of the architectures its converter derives from
+        // LlamaModel (weights and biases); MiniCPM's converter calls that permute on weights only.
+        let permuted = match arch {
+            Arch::Llama | Arch::Granite | Arch::Smollm3 => true,
+            Arch::Minicpm => !t.name.ends_with(".bias"),
+            _ => false,
+        };
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if permuted => Some(cfg_heads),
             Some("attn_k") if permuted => Some(cfg_kv),
