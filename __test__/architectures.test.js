@@ -6,49 +6,24 @@
 // dense and expert layers, gemma4_text as E2B/E4B are (per-layer inputs, KV shared between layers)
 // and as 26B-A4B is (experts beside the MLP, keys as values), qwen3_5 / qwen3_5_moe / qwen3_next
 // (gated DeltaNet linear attention beside gated full attention, experts with a shared expert)), each as an f32
-// folder and an MLX 4-bit g32 copy. Folders and references are made by scripts/tiny_models.py
-// into <fixtures>/tiny.
+// folder and an MLX 4-bit g32 copy; rows of a batch, the prefix cache, checkpoints, published
+// layouts and saved caches on them. Folders and references are made by scripts/tiny_models.py
+// into <fixtures>/tiny; GGUF files of them in gguf-layouts.test.js.
 const { test, describe } = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
-const { fixture, readJson, collect, within, writeGguf, writeSafetensors, tmpdir } = require('./helpers')
-
-function loadRef() {
-  try {
-    return readJson('tiny/ref-tiny.json')
-  } catch (e) {
-    e.message += ' -- the tiny models come from: LD_PRELOAD=<libopenblas.so.0> .venv/bin/python scripts/tiny_models.py <fixtures>/tiny'
-    throw e
-  }
-}
-const ref = loadRef()
-const MAX_TOKENS = 64
-
-function firstDiff(a, b) {
-  const n = Math.max(a.length, b.length)
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i
-  return -1
-}
-
-async function greedy(model, ids, extra = {}) {
-  const { tokens } = await collect(mlx.generate(model, ids, { maxTokens: MAX_TOKENS, eosTokenIds: [], ...extra }))
-  return tokens
-}
-
-function assertTokens(ours, theirs, what) {
-  const i = firstDiff(ours, theirs)
-  assert.ok(i < 0, `${what}: first difference at step ${i}: ours ${ours[i]} vs mlx-lm ${theirs[i]} (ours ${JSON.stringify(ours)}, mlx-lm ${JSON.stringify(theirs)})`)
-}
+const { fixture, within, writeSafetensors, tmpdir } = require('./helpers')
+const { ref, MAX_TOKENS, greedy, assertTokens, assertLikeReference, fuseGateUp, readSafetensors } = require('./tiny')
 
 describe('architectures: parity with mlx-lm on tiny random models', () => {
   test('reference file is complete', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4', 'qwen3_5', 'qwen3_5_moe', 'qwen3_next']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4', 'qwen3_5', 'qwen3_5_moe', 'qwen3_next', 'qwen3_next_released']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)
@@ -193,168 +168,6 @@ describe('architectures: linear-attention models restore checkpoints', () => {
       } finally {
         await engine.close()
         await cold.close()
-        model.dispose()
-      }
-    })
-  }
-})
-
-/** `model` gives mlx-lm's last-position logits (within 1e-4) and greedy tokens on `m`'s prompts. */
-async function assertLikeReference(model, m, what) {
-  for (const p of m.prompts) {
-    const ours = await model.logits(p.ids)
-    const max = Math.max(...ours.map((x, j) => Math.abs(x - p.last_logits[j])))
-    assert.ok(max <= 1e-4, `${what}: max |logit diff| ${max}`)
-    assertTokens(await greedy(model, p.ids), p.tokens, `${what} prompt of ${p.ids.length} ids`)
-  }
-}
-
-/** Experts as published: gate [e, h, d] and up [e, h, d] (f32) as one [e, 2h, d], gate rows first. */
-function fuseGateUp(gate, up, [e, h, d]) {
-  const data = new Float32Array(e * 2 * h * d)
-  for (let i = 0; i < e; i++) {
-    data.set(gate.subarray(i * h * d, (i + 1) * h * d), i * 2 * h * d)
-    data.set(up.subarray(i * h * d, (i + 1) * h * d), (i * 2 + 1) * h * d)
-  }
-  return { shape: [e, 2 * h, d], data }
-}
-
-/** The tensors of a safetensors file: name -> { shape, data (raw little-endian bytes) }. */
-function readSafetensors(file) {
-  const buf = fs.readFileSync(file)
-  const n = Number(buf.readBigUInt64LE(0))
-  const header = JSON.parse(buf.subarray(8, 8 + n).toString())
-  return Object.fromEntries(Object.entries(header).filter(([k]) => k !== '__metadata__')
-    .map(([k, t]) => [k, { shape: t.shape, data: buf.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]) }]))
-}
-
-// llama.cpp's names for a layer's tensors (its convert_hf_to_gguf.py layout), per architecture.
-const GGUF_LAYER = {
-  'input_layernorm': 'attn_norm', 'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
-  'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up', 'mlp.down_proj': 'ffn_down',
-}
-const GGUF_ARCH = {
-  gemma: { 'post_attention_layernorm': 'ffn_norm' },
-  gemma2: { 'post_attention_layernorm': 'post_attention_norm', 'pre_feedforward_layernorm': 'ffn_norm', 'post_feedforward_layernorm': 'post_ffw_norm' },
-  olmo2: { 'post_attention_layernorm': 'post_attention_norm', 'post_feedforward_layernorm': 'post_ffw_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
-  starcoder2: { 'post_attention_layernorm': 'ffn_norm', 'mlp.c_fc': 'ffn_up', 'mlp.c_proj': 'ffn_down' },
-  granite: { 'post_attention_layernorm': 'ffn_norm' },
-  qwen2: { 'post_attention_layernorm': 'ffn_norm' },
-  phi3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.qkv_proj': 'attn_qkv', 'mlp.gate_up_proj': 'ffn_up' },
-  phi3_su: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.qkv_proj': 'attn_qkv', 'mlp.gate_up_proj': 'ffn_up' },
-  glm4: {
-    'post_self_attn_layernorm': 'post_attention_norm', 'post_attention_layernorm': 'ffn_norm',
-    'post_mlp_layernorm': 'post_ffw_norm', 'mlp.gate_up_proj': 'ffn_up',
-  },
-  smollm3_full: { 'post_attention_layernorm': 'ffn_norm' },
-  minicpm: { 'post_attention_layernorm': 'ffn_norm' },
-  qwen3: { 'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm' },
-  qwen3_moe_sparse: {
-    'post_attention_layernorm': 'ffn_norm', 'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',
-    'mlp.gate': 'ffn_gate_inp', 'mlp.switch_mlp.gate_proj': 'ffn_gate_exps', 'mlp.switch_mlp.up_proj': 'ffn_up_exps', 'mlp.switch_mlp.down_proj': 'ffn_down_exps',
-  },
-}
-// llama.cpp's architecture names where they differ from the model_type.
-const GGUF_ARCH_NAME = { qwen3_moe: 'qwen3moe' }
-
-/** llama.cpp's LlamaModel.permute: within each head, row j·(d/2)+i moves to 2i+j. */
-function permuteRows(data, rows, heads) {
-  const rowBytes = data.length / rows
-  const hd = rows / heads
-  const out = Buffer.alloc(data.length)
-  for (let h = 0; h < heads; h++) {
-    for (let j = 0; j < 2; j++) {
-      for (let i = 0; i < hd / 2; i++) {
-        data.copy(out, (h * hd + 2 * i + j) * rowBytes, (h * hd + j * (hd / 2) + i) * rowBytes, (h * hd + j * (hd / 2) + i + 1) * rowBytes)
-      }
-    }
-  }
-  return out
-}
-
-/** Writes the f32 folder of a tiny model as llama.cpp's converter would: its names, its metadata
- * keys, Gemma's RMSNorm weights stored as 1 + w. */
-function asGguf(dir, file) {
-  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
-  const arch = GGUF_ARCH_NAME[cfg.model_type] ?? cfg.model_type
-  const names = { ...GGUF_LAYER, ...GGUF_ARCH[path.basename(dir)] }
-  const tensors = Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([name, t]) => {
-    const top = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'model.norm.bias': 'output_norm.bias', 'lm_head.weight': 'output.weight' }
-    let gguf = top[name]
-    const m = /^model\.layers\.(\d+)\.(.+)\.(weight|bias)$/.exec(name)
-    if (m) gguf = `blk.${m[1]}.${names[m[2]]}.${m[3]}`
-    assert.ok(gguf && !gguf.includes('undefined'), `no GGUF name for ${name}`)
-    let data = Buffer.from(t.data)
-    if (arch.startsWith('gemma') && name.endsWith('norm.weight')) {
-      const v = new Float32Array(data.buffer, data.byteOffset, data.length / 4).map((x) => Math.fround(x + 1))
-      data = Buffer.from(v.buffer)
-    }
-    if (['granite', 'smollm3', 'minicpm'].includes(arch) && m && ['self_attn.q_proj', 'self_attn.k_proj'].includes(m[2])) {
-      data = permuteRows(data, t.shape[0], m[2] === 'self_attn.q_proj' ? cfg.num_attention_heads : cfg.num_key_value_heads)
-    }
-    return { name: gguf, dims: [...t.shape].reverse(), type: 0, data }
-  })
-  const kv = {
-    'general.architecture': arch,
-    [`${arch}.context_length`]: cfg.max_position_embeddings,
-    [`${arch}.embedding_length`]: cfg.hidden_size,
-    [`${arch}.block_count`]: cfg.num_hidden_layers,
-    [`${arch}.feed_forward_length`]: cfg.intermediate_size,
-    [`${arch}.attention.head_count`]: cfg.num_attention_heads,
-    [`${arch}.attention.head_count_kv`]: cfg.num_key_value_heads,
-    [`${arch}.rope.freq_base`]: cfg.rope_theta,
-    'tokenizer.ggml.tokens': Array.from({ length: cfg.vocab_size }, (_, i) => `t${i}`),
-  }
-  if (cfg.head_dim) kv[`${arch}.attention.key_length`] = cfg.head_dim
-  if (arch === 'starcoder2') kv['starcoder2.attention.layer_norm_epsilon'] = cfg.norm_epsilon
-  else kv[`${arch}.attention.layer_norm_rms_epsilon`] = cfg.rms_norm_eps
-  if (arch === 'granite') {
-    kv['granite.attention.scale'] = cfg.attention_multiplier
-    kv['granite.embedding_scale'] = cfg.embedding_multiplier
-    kv['granite.residual_scale'] = cfg.residual_multiplier
-    kv['granite.logit_scale'] = cfg.logits_scaling
-  }
-  if (arch === 'qwen3moe') {
-    kv['qwen3moe.expert_count'] = cfg.num_experts
-    kv['qwen3moe.expert_used_count'] = cfg.num_experts_per_tok
-    kv['qwen3moe.expert_feed_forward_length'] = cfg.moe_intermediate_size
-  }
-  const headDim = cfg.head_dim ?? cfg.hidden_size / cfg.num_attention_heads
-  if (arch === 'phi3' || arch === 'glm4') {
-    kv[`${arch}.rope.dimension_count`] = Math.floor(headDim * (cfg.partial_rotary_factor ?? (arch === 'glm4' ? 0.5 : 1)))
-  }
-  if (arch === 'phi3') {
-    kv['phi3.rope.scaling.original_context_length'] = cfg.original_max_position_embeddings
-    // LongRoPE's factors, as the converter's generate_extra_tensors writes them.
-    for (const which of ['long', 'short']) {
-      const f = cfg.rope_scaling?.[`${which}_factor`]
-      if (f) tensors.push({ name: `rope_factors_${which}.weight`, dims: [f.length], type: 0, data: Buffer.from(new Float32Array(f).buffer) })
-    }
-  }
-  if (arch === 'minicpm') {
-    // The products llama.cpp's converter stores, computed in double precision as it does.
-    kv['minicpm.embedding_scale'] = { f32: cfg.scale_emb }
-    kv['minicpm.residual_scale'] = { f32: cfg.scale_depth / Math.sqrt(cfg.num_hidden_layers) }
-    kv['minicpm.logit_scale'] = { f32: cfg.hidden_size / cfg.dim_model_base }
-  }
-  if (arch === 'gemma2') {
-    kv['gemma2.attn_logit_softcapping'] = cfg.attn_logit_softcapping
-    kv['gemma2.final_logit_softcapping'] = cfg.final_logit_softcapping
-  }
-  writeGguf(file, kv, tensors)
-}
-
-describe('architectures: GGUF files in llama.cpp\'s layout equal their folders', () => {
-  for (const name of Object.keys(GGUF_ARCH)) {
-    test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
-      const m = ref.models.find((x) => x.name === name)
-      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
-      asGguf(fixture(`tiny/${name}`), file)
-      const model = await mlx.loadModel(file)
-      try {
-        assert.equal(model.config.modelType, m.model_type)
-        await assertLikeReference(model, m, `${name} GGUF`)
-      } finally {
         model.dispose()
       }
     })

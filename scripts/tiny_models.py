@@ -278,6 +278,17 @@ ARCHS = [
         "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096, "tie_word_embeddings": False,
     }),
+    # Qwen3-Next as released (and as llama.cpp's qwen3next describes every file): experts in every
+    # layer, renormalised top-k; full attention every second layer.
+    ("qwen3_next_released", 2800, {
+        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4,
+        "head_dim": 16, "full_attention_interval": 2, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "norm_topk_prob": True,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    }),
     # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM (its sanitize adds an lm_head the tied
     # model does not have).
     ("minicpm", 1700, {

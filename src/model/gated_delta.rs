@@ -17,12 +17,19 @@ use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, LayerCache, RecurrentCache, StepShape};
 use crate::error::{Error, Result};
 
-/// How the input projections are stored.
-enum InProj {
-    /// Qwen3.5: q, k, v in one projection (the convolution's channels), z, b and a apart.
-    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
-    /// Qwen3-Next: q, k, v, z in one projection and b, a in another, grouped by key head.
-    Grouped { qkvz: Linear, ba: Linear },
+/// How the input projections are stored. Qwen3.5 keeps them apart; Qwen3-Next fuses each pair
+/// per key head; llama.cpp's Qwen3-Next files keep b and a fused but q, k, v and z apart.
+enum Qkvz {
+    /// q, k, v in one projection (the convolution's channels, in that order), z apart.
+    Split { qkv: Linear, z: Linear },
+    /// Per key head: its query, key, then the values and z of its value heads.
+    Grouped(Linear),
+}
+
+enum Ba {
+    Split { b: Linear, a: Linear },
+    /// Per key head: b, then a, of its value heads.
+    Grouped(Linear),
 }
 
 /// The sizes of a model's linear-attention layers, read and checked once.
@@ -73,7 +80,8 @@ impl DeltaSizes {
 }
 
 pub struct GatedDeltaNet {
-    in_proj: InProj,
+    qkvz: Qkvz,
+    ba: Ba,
     /// Depthwise, [channels, kernel, 1].
     conv: Array,
     dt_bias: Array,
@@ -85,17 +93,22 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// `<path>.*` (mlx-lm's names); `grouped`: Qwen3-Next's fused projections.
-    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, s: DeltaSizes, grouped: bool) -> Result<Self> {
+    /// `<path>.*` (mlx-lm's names), each pair of input projections fused or apart as stored.
+    pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, s: DeltaSizes) -> Result<Self> {
         let (d, kd, vd) = (cfg.hidden_size, s.key_dim(), s.value_dim());
         let lin = |name: &str, out: usize, inp: usize| Linear::load(w, cfg, &format!("{path}.{name}"), out, inp, false);
-        let in_proj = if grouped {
-            InProj::Grouped { qkvz: lin("in_proj_qkvz", 2 * kd + 2 * vd, d)?, ba: lin("in_proj_ba", 2 * s.v_heads, d)? }
-        } else {
-            InProj::Split { qkv: lin("in_proj_qkv", 2 * kd + vd, d)?, z: lin("in_proj_z", vd, d)?, b: lin("in_proj_b", s.v_heads, d)?, a: lin("in_proj_a", s.v_heads, d)? }
+        let stored = |name: &str| w.has(&format!("{path}.{name}.weight"));
+        let qkvz = match stored("in_proj_qkvz") {
+            true => Qkvz::Grouped(lin("in_proj_qkvz", 2 * kd + 2 * vd, d)?),
+            false => Qkvz::Split { qkv: lin("in_proj_qkv", 2 * kd + vd, d)?, z: lin("in_proj_z", vd, d)? },
+        };
+        let ba = match stored("in_proj_ba") {
+            true => Ba::Grouped(lin("in_proj_ba", 2 * s.v_heads, d)?),
+            false => Ba::Split { b: lin("in_proj_b", s.v_heads, d)?, a: lin("in_proj_a", s.v_heads, d)? },
         };
         Ok(GatedDeltaNet {
-            in_proj,
+            qkvz,
+            ba,
             conv: conv_weight(w, &format!("{path}.conv1d.weight"), s.conv_dim(), s.kernel)?,
             dt_bias: w.array_shaped(&format!("{path}.dt_bias"), &[s.v_heads])?,
             a_log: w.array_shaped(&format!("{path}.A_log"), &[s.v_heads])?,
@@ -110,21 +123,25 @@ impl GatedDeltaNet {
         let (b_, s_) = (x.shape()[0], x.shape()[1]);
         let DeltaSizes { k_heads: nk, v_heads: nv, k_dim: dk, v_dim: dv, .. } = self.s;
         let (nk, nv, dk, dv) = (nk as i32, nv as i32, dk as i32, dv as i32);
-        match &self.in_proj {
-            InProj::Split { qkv, z, b, a } => Ok((qkv.forward(x)?, z.forward(x)?.reshape(&[b_, s_, nv, dv])?, b.forward(x)?, a.forward(x)?)),
-            InProj::Grouped { qkvz, ba } => {
-                // Per key head: its query, key, then the values and z of its value heads.
+        let (qkv, z) = match &self.qkvz {
+            Qkvz::Split { qkv, z } => (qkv.forward(x)?, z.forward(x)?),
+            Qkvz::Grouped(qkvz) => {
                 let per = nv / nk * dv;
                 let m = qkvz.forward(x)?.reshape(&[b_, s_, nk, -1])?;
                 let (q, k) = (m.index((.., .., .., ..dk)), m.index((.., .., .., dk..2 * dk)));
                 let (v, z) = (m.index((.., .., .., 2 * dk..2 * dk + per)), m.index((.., .., .., 2 * dk + per..)));
-                let ba = ba.forward(x)?.reshape(&[b_, s_, nk, -1])?;
-                let (b, a) = (ba.index((.., .., .., ..nv / nk)).reshape(&[b_, s_, nv])?, ba.index((.., .., .., nv / nk..)).reshape(&[b_, s_, nv])?);
                 let flat = |t: &Array| t.reshape(&[b_, s_, -1]);
-                let qkv = ops::concatenate(&[flat(&q)?, flat(&k)?, flat(&v)?], -1)?;
-                Ok((qkv, z.reshape(&[b_, s_, nv, dv])?, b, a))
+                (ops::concatenate(&[flat(&q)?, flat(&k)?, flat(&v)?], -1)?, z)
             }
-        }
+        };
+        let (b, a) = match &self.ba {
+            Ba::Split { b, a } => (b.forward(x)?, a.forward(x)?),
+            Ba::Grouped(ba) => {
+                let ba = ba.forward(x)?.reshape(&[b_, s_, nk, -1])?;
+                (ba.index((.., .., .., ..nv / nk)).reshape(&[b_, s_, nv])?, ba.index((.., .., .., nv / nk..)).reshape(&[b_, s_, nv])?)
+            }
+        };
+        Ok((qkv, z.reshape(&[b_, s_, nv, dv])?, b, a))
     }
 
     /// What its cache holds.

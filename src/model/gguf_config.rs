@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use super::gguf_hybrid;
 use crate::gguf::{quants, Gguf};
 use crate::error::{Error, Result};
 
@@ -14,9 +15,9 @@ const GEMMA3_SLIDING_PATTERN: u64 = 6;
 
 /// Bounds for the header's sizes, far above any published model's (widths of 16K, 128 heads,
 /// 126 layers), so that a corrupt header fails before it sizes anything.
-const MAX_WIDTH: u64 = 1 << 20;
-const MAX_HEADS: u64 = 1 << 12;
-const MAX_LAYERS: u64 = super::config::MAX_LAYERS as u64;
+pub(super) const MAX_WIDTH: u64 = 1 << 20;
+pub(super) const MAX_HEADS: u64 = 1 << 12;
+pub(super) const MAX_LAYERS: u64 = super::config::MAX_LAYERS as u64;
 
 /// The llama.cpp architectures (`general.architecture`) we read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,9 @@ pub(super) enum Arch {
     Glm4,
     Smollm3,
     Minicpm,
+    Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -54,6 +58,9 @@ impl Arch {
             Some("glm4") => Ok(Arch::Glm4),
             Some("smollm3") => Ok(Arch::Smollm3),
             Some("minicpm") => Ok(Arch::Minicpm),
+            Some("qwen3next") => Ok(Arch::Qwen3Next),
+            Some("qwen35") => Ok(Arch::Qwen35),
+            Some("qwen35moe") => Ok(Arch::Qwen35Moe),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -79,24 +86,27 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Glm4 => glm4_config(&Meta { g, path, prefix: "glm4" }),
         Arch::Smollm3 => smollm3_config(&Meta { g, path, prefix: "smollm3" }),
         Arch::Minicpm => minicpm_config(&Meta { g, path, prefix: "minicpm" }),
+        Arch::Qwen3Next => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen3next" }),
+        Arch::Qwen35 => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen35" }),
+        Arch::Qwen35Moe => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen35moe" }),
     }
 }
 
 /// Metadata lookups under an architecture's key prefix (`llama.`, `gemma3.`, …).
-struct Meta<'a> {
-    g: &'a Gguf,
-    path: &'a Path,
+pub(super) struct Meta<'a> {
+    pub(super) g: &'a Gguf,
+    pub(super) path: &'a Path,
     prefix: &'a str,
 }
 
 impl Meta<'_> {
-    fn key(&self, k: &str) -> String {
+    pub(super) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.prefix)
     }
-    fn u64(&self, k: &str) -> Option<u64> {
+    pub(super) fn u64(&self, k: &str) -> Option<u64> {
         self.g.get_u64(&self.key(k))
     }
-    fn f32(&self, k: &str) -> Option<f32> {
+    pub(super) fn f32(&self, k: &str) -> Option<f32> {
         self.g.get_f32(&self.key(k))
     }
     fn need(&self, k: &str) -> Result<u64> {
@@ -104,7 +114,7 @@ impl Meta<'_> {
     }
     /// A size or count the config is built from: 1 to `max` (the file is untrusted; a zero
     /// would divide by zero below, a huge value would allocate without bound).
-    fn count(&self, k: &str, max: u64) -> Result<u64> {
+    pub(super) fn count(&self, k: &str, max: u64) -> Result<u64> {
         match self.need(k)? {
             n @ 1.. if n <= max => Ok(n),
             n => Err(Error::config(self.path, format!("{} is {n}, not between 1 and {max}", self.key(k)))),
@@ -136,12 +146,13 @@ impl Meta<'_> {
 
 /// What every config shares: sizes, token ids, and the head size from `head_dim_key` (else
 /// hidden / heads).
-fn sizes(m: &Meta, head_dim_key: &str, default_eps: f32) -> Result<Value> {
+pub(super) fn sizes(m: &Meta, head_dim_key: &str, default_eps: f32) -> Result<Value> {
     let hidden = m.count("embedding_length", MAX_WIDTH)?;
     let heads = m.count("attention.head_count", MAX_HEADS)?;
     Ok(json!({
         "hidden_size": hidden,
-        "intermediate_size": m.need("feed_forward_length")?,
+        // A model whose every layer routes may store only its experts' width.
+        "intermediate_size": m.u64("expert_feed_forward_length").map_or_else(|| m.need("feed_forward_length"), |e| Ok(m.u64("feed_forward_length").unwrap_or(e)))?,
         "num_hidden_layers": m.count("block_count", MAX_LAYERS)?,
         "num_attention_heads": heads,
         "num_key_value_heads": m.u64("attention.head_count_kv").unwrap_or(heads),
@@ -156,7 +167,7 @@ fn sizes(m: &Meta, head_dim_key: &str, default_eps: f32) -> Result<Value> {
 }
 
 /// `extra`'s keys added to `cfg`.
-fn with(mut cfg: Value, extra: Value) -> Value {
+pub(super) fn with(mut cfg: Value, extra: Value) -> Value {
     if let (Some(c), Value::Object(e)) = (cfg.as_object_mut(), extra) {
         c.extend(e);
     }
@@ -305,7 +316,7 @@ fn granite_config(m: &Meta) -> Result<Value> {
 }
 
 /// The fraction of each head that `rope.dimension_count` rotates (llama.cpp stores the count).
-fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
+pub(super) fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
     match m.u64("rope.dimension_count") {
         None => Ok(1.0),
         Some(n @ 1..) if n <= head_dim && n % 2 == 0 => Ok(n as f64 / head_dim as f64),
@@ -313,9 +324,15 @@ fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
     }
 }
 
-/// Tensors that hold configuration, not weights: the loaders skip them.
-pub(super) fn is_config_tensor(arch: Arch, name: &str) -> bool {
-    arch == Arch::Phi3 && matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight")
+/// Tensors that are not the model's weights, which the loaders skip: configuration (Phi-3's
+/// LongRoPE factors), and Qwen3.5's multi-token-prediction layers after the model's `layers`
+/// (mlx-lm drops them too).
+pub(super) fn is_skipped(arch: Arch, layers: u64, name: &str) -> bool {
+    match arch {
+        Arch::Phi3 => matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight"),
+        Arch::Qwen35 | Arch::Qwen35Moe => gguf_hybrid::is_prediction_layer(layers, name),
+        _ => false,
+    }
 }
 
 /// Phi-3 / Phi-3.5 / Phi-4-mini: head size hidden / heads, RoPE over `rope.dimension_count` of

@@ -12,7 +12,9 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
         _ => {}
     }
     let mut parts = gguf.splitn(4, '.');
-    let (blk, i, base, suffix) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (blk, i, base) = (parts.next()?, parts.next()?, parts.next()?);
+    // `ssm_a` alone has no `.weight`.
+    let suffix = parts.next().unwrap_or("");
     if blk != "blk" {
         return None;
     }
@@ -40,6 +42,42 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
         (Arch::Qwen3Moe, "ffn_gate_exps") => "mlp.switch_mlp.gate_proj",
         (Arch::Qwen3Moe, "ffn_up_exps") => "mlp.switch_mlp.up_proj",
         (Arch::Qwen3Moe, "ffn_down_exps") => "mlp.switch_mlp.down_proj",
+        // Qwen3-Next and Qwen3.5: norms after attention; the linear-attention layers' tensors
+        // (llama.cpp's "ssm" names; gguf_hybrid.rs restores their values and layouts), and the
+        // experts with their gated shared expert.
+        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, name) => match name {
+            "post_attention_norm" => "post_attention_layernorm",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "attn_qkv" => "linear_attn.in_proj_qkv",
+            "attn_gate" => "linear_attn.in_proj_z",
+            // Files converted before llama.cpp split it: Qwen3-Next's own fused projection.
+            "ssm_in" => "linear_attn.in_proj_qkvz",
+            "ssm_ba" => "linear_attn.in_proj_ba",
+            "ssm_beta" => "linear_attn.in_proj_b",
+            "ssm_alpha" => "linear_attn.in_proj_a",
+            "ssm_conv1d" => "linear_attn.conv1d",
+            "ssm_norm" => "linear_attn.norm",
+            "ssm_out" => "linear_attn.out_proj",
+            "ssm_dt" if suffix == "bias" => return Some(format!("model.layers.{i}.linear_attn.dt_bias")),
+            "ssm_a" if suffix.is_empty() => return Some(format!("model.layers.{i}.linear_attn.A_log")),
+            "ffn_gate_inp" => "mlp.gate",
+            "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+            "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+            "ffn_down_exps" => "mlp.switch_mlp.down_proj",
+            "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
+            "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+            "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+            "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            _ => return None,
+        },
         // StarCoder 2's plain MLP.
         (Arch::Starcoder2, "ffn_up") => "mlp.c_fc",
         (Arch::Starcoder2, "ffn_down") => "mlp.c_proj",
@@ -52,7 +90,7 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
         (_, "ffn_down") => "mlp.down_proj",
         _ => return None,
     };
-    Some(format!("model.layers.{i}.{module}.{suffix}"))
+    (!suffix.is_empty()).then(|| format!("model.layers.{i}.{module}.{suffix}"))
 }
 
 #[cfg(test)]
@@ -76,6 +114,35 @@ mod tests {
         assert_eq!(hf_name(Arch::Glm4, "blk.0.post_ffw_norm.weight").unwrap(), "model.layers.0.post_mlp_layernorm.weight");
         assert_eq!(hf_name(Arch::Llama, "blk.0.attn_qkv.weight"), None);
         assert_eq!(hf_name(Arch::Smollm3, "blk.0.ffn_up.weight").unwrap(), "model.layers.0.mlp.up_proj.weight");
+    }
+
+    #[test]
+    fn qwen3_next_and_qwen35_names_map_to_hf() {
+        let cases = [
+            (Arch::Qwen3Next, "blk.0.attn_qkv.weight", "model.layers.0.linear_attn.in_proj_qkv.weight"),
+            (Arch::Qwen3Next, "blk.0.attn_gate.weight", "model.layers.0.linear_attn.in_proj_z.weight"),
+            (Arch::Qwen3Next, "blk.0.ssm_in.weight", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+            (Arch::Qwen3Next, "blk.0.ssm_ba.weight", "model.layers.0.linear_attn.in_proj_ba.weight"),
+            (Arch::Qwen35, "blk.0.ssm_beta.weight", "model.layers.0.linear_attn.in_proj_b.weight"),
+            (Arch::Qwen35, "blk.0.ssm_alpha.weight", "model.layers.0.linear_attn.in_proj_a.weight"),
+            (Arch::Qwen35, "blk.0.ssm_a", "model.layers.0.linear_attn.A_log"),
+            (Arch::Qwen35, "blk.0.ssm_dt.bias", "model.layers.0.linear_attn.dt_bias"),
+            (Arch::Qwen35, "blk.0.ssm_conv1d.weight", "model.layers.0.linear_attn.conv1d.weight"),
+            (Arch::Qwen35, "blk.0.ssm_norm.weight", "model.layers.0.linear_attn.norm.weight"),
+            (Arch::Qwen35, "blk.0.ssm_out.weight", "model.layers.0.linear_attn.out_proj.weight"),
+            (Arch::Qwen35, "blk.3.post_attention_norm.weight", "model.layers.3.post_attention_layernorm.weight"),
+            (Arch::Qwen35, "blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight"),
+            (Arch::Qwen35Moe, "blk.1.ffn_gate_inp_shexp.weight", "model.layers.1.mlp.shared_expert_gate.weight"),
+            (Arch::Qwen35Moe, "blk.1.ffn_down_shexp.weight", "model.layers.1.mlp.shared_expert.down_proj.weight"),
+            (Arch::Qwen3Next, "blk.1.ffn_up_exps.weight", "model.layers.1.mlp.switch_mlp.up_proj.weight"),
+        ];
+        for (arch, gguf, hf) in cases {
+            assert_eq!(hf_name(arch, gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        // No suffix is a name only for `ssm_a`; these models have no ffn_norm.
+        assert_eq!(hf_name(Arch::Qwen35, "blk.0.attn_q"), None);
+        assert_eq!(hf_name(Arch::Qwen35, "blk.0.ffn_norm.weight"), None);
+        assert_eq!(hf_name(Arch::Llama, "blk.0.ssm_a"), None);
     }
 
     #[test]

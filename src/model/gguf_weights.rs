@@ -15,7 +15,7 @@
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
 //! llama's, granite's, smollm3's and minicpm's q/k rows are un-permuted (RoPE interleaving);
 //! Gemma's RMSNorm weights, which llama.cpp stores as 1 + w, get 1 subtracted (in f32, before any
-//! rounding).
+//! rounding); Qwen3-Next's and Qwen3.5's linear-attention tensors are restored (gguf_hybrid.rs).
 use std::collections::BTreeMap;
 
 use half::{bf16, f16};
@@ -23,7 +23,8 @@ use serde_json::{json, Value};
 
 use super::config::ModelConfig;
 use crate::gguf::{quants, GgmlType, Gguf, TensorInfo};
-use super::gguf_config::{hf_config, is_config_tensor, Arch};
+use super::gguf_config::{hf_config, is_skipped, Arch};
+use super::gguf_hybrid;
 use super::gguf_names::hf_name;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
@@ -52,7 +53,8 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
     let mut raw = hf_config(arch, g)?;
     let mut quant: BTreeMap<String, usize> = BTreeMap::new();
     let mut tied = true;
-    for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
+    let layers = raw["num_hidden_layers"].as_u64().unwrap_or(0);
+    for t in g.tensors.iter().filter(|t| !is_skipped(arch, layers, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         tied &= name != "lm_head.weight";
         // Projection biases are told by the tensors alone.
@@ -77,15 +79,21 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
     Ok((arch, storage, raw))
 }
 
-/// Gemma's norms are stored shifted by one (`1 + w`) and are converted, never kept packed.
-fn norm_shift(arch: Arch, t: &TensorInfo) -> bool {
-    matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3) && t.name.ends_with("norm.weight")
+/// The map from each stored value to mlx-lm's, for the tensors llama.cpp stores transformed:
+/// Gemma's norms, stored shifted by one (`1 + w`), and Qwen3-Next's and Qwen3.5's `A_log`
+/// (`gguf_hybrid`). `None` from the map refuses the value. Such tensors are converted, never kept
+/// packed.
+fn value_map(arch: Arch, t: &TensorInfo) -> Option<fn(f32) -> Option<f32>> {
+    if matches!(arch, Arch::Gemma | Arch::Gemma2 | Arch::Gemma3) && t.name.ends_with("norm.weight") {
+        return Some(|v| Some(v - 1.0));
+    }
+    gguf_hybrid::value_map(arch, &t.name)
 }
 
 /// The bit width `t` keeps as an MLX-quantized tensor, if it is repacked rather than converted.
 fn repacked_bits(arch: Arch, storage: Storage, t: &TensorInfo) -> Option<usize> {
     let repackable = matches!(t.kind, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
-    (storage == Storage::Repack && repackable && !norm_shift(arch, t)).then_some(if t.kind == GgmlType::Q8_0 { 8 } else { 4 })
+    (storage == Storage::Repack && repackable && value_map(arch, t).is_none()).then_some(if t.kind == GgmlType::Q8_0 { 8 } else { 4 })
 }
 
 pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
@@ -96,7 +104,7 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     let (cfg_heads, cfg_kv) = (config.num_attention_heads, config.num_key_value_heads);
 
     let mut tensors = BTreeMap::new();
-    for t in g.tensors.iter().filter(|t| !is_config_tensor(arch, &t.name)) {
+    for t in g.tensors.iter().filter(|t| !is_skipped(arch, config.num_hidden_layers as u64, &t.name)) {
         let name = hf_name(arch, &t.name).ok_or_else(|| Error::tensor(&t.name, "unknown GGUF tensor name"))?;
         // llama.cpp permutes the q/k rows of the architectures its converter derives from
         // LlamaModel (weights and biases); MiniCPM's converter calls that permute on weights only.
@@ -110,10 +118,13 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             Some("attn_k") if permuted => Some(cfg_kv),
             _ => None,
         };
-        let norm_shift = norm_shift(arch, t);
+        let map = value_map(arch, t);
         let (rows, cols) = matrix_dims(t)?;
         let data = g.tensor_data(t)?;
         let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+        let heads_grouped = |bytes: Vec<u8>, rows: usize, packed: bool| -> Result<Vec<u8>> {
+            Ok(gguf_hybrid::group_heads(arch, &config, &t.name, &bytes, rows, packed)?.unwrap_or(bytes))
+        };
         if let Some(bits) = repacked_bits(arch, storage, t) {
             let (w, s, b) = repack(t, data, rows, cols)?;
             let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
@@ -121,6 +132,7 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
                 Some(h) => (unpermute_rows(&t.name, &w, rows, h)?, unpermute_rows(&t.name, &s, rows, h)?, unpermute_rows(&t.name, &b, rows, h)?),
                 None => (w, s, b),
             };
+            let (w, s, b) = (heads_grouped(w, rows, true)?, heads_grouped(s, rows, true)?, heads_grouped(b, rows, true)?);
             // Rows keep their leading axes (a stack of experts is [experts, out, in]).
             let packed = |last: usize| -> Vec<usize> { shape[..shape.len() - 1].iter().copied().chain([last]).collect() };
             tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, packed(cols * bits / 32), w));
@@ -135,17 +147,17 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             // F32, and a (never seen) quantized Gemma norm, which must be shifted so cannot stay packed.
             (Storage::Repack, _) => DType::F32,
         };
-        let bytes = if storage == Storage::Repack && !norm_shift {
-            data.to_vec() // already in `dtype`
-        } else {
-            dense(t, data, dtype, if norm_shift { 1.0 } else { 0.0 })?
+        let bytes = match map {
+            None if storage == Storage::Repack => data.to_vec(), // already in `dtype`
+            _ => dense(t, data, dtype, map)?,
         };
         // A bias's rows are its elements.
         let bytes = match heads {
             Some(h) => unpermute_rows(&t.name, &bytes, shape[0], h)?,
             None => bytes,
         };
-        tensors.insert(name, Tensor::owned(dtype, shape, bytes));
+        let bytes = heads_grouped(bytes, shape.first().copied().unwrap_or(1), false)?;
+        tensors.insert(name, Tensor::owned(dtype, gguf_hybrid::shape(arch, &t.name, shape), bytes));
     }
     Ok((Weights::from_tensors(path, WeightFormat::Gguf, tensors), config))
 }
@@ -164,16 +176,23 @@ fn storage(tensors: &[TensorInfo]) -> Result<Storage> {
     Ok(storage)
 }
 
-/// A tensor of any readable type as little-endian `dtype` (F32, F16 or BF16) bytes, with `shift`
-/// subtracted from every value in f32 first. Works a few hundred blocks at a time, so a large
-/// tensor is never held as f32 in full.
-fn dense(t: &TensorInfo, data: &[u8], dtype: DType, shift: f32) -> Result<Vec<u8>> {
+/// A tensor of any readable type as little-endian `dtype` (F32, F16 or BF16) bytes, each value
+/// mapped by `map` in f32 first. Works a few hundred blocks at a time, so a large tensor is never
+/// held as f32 in full.
+fn dense(t: &TensorInfo, data: &[u8], dtype: DType, map: Option<fn(f32) -> Option<f32>>) -> Result<Vec<u8>> {
     let n = t.n_elements().ok_or_else(|| Error::tensor(&t.name, "shape overflows"))? as usize;
     let width = if dtype == DType::F32 { 4 } else { 2 };
     let mut out = Vec::with_capacity(n * width);
+    let mut refused = None;
     quants::dequantize_with(&t.name, t.kind, data, n, |values| {
-        for &v in values {
-            let v = v - shift;
+        for &stored in values {
+            let v = match map {
+                None => stored,
+                Some(map) => map(stored).unwrap_or_else(|| {
+                    refused.get_or_insert(stored);
+                    0.0
+                }),
+            };
             match dtype {
                 DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
                 DType::F16 => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
@@ -181,7 +200,10 @@ fn dense(t: &TensorInfo, data: &[u8], dtype: DType, shift: f32) -> Result<Vec<u8
             }
         }
     })?;
-    Ok(out)
+    match refused {
+        Some(v) => Err(Error::tensor(&t.name, format!("holds {v}, which is not a value llama.cpp's converter writes there"))),
+        None => Ok(out),
+    }
 }
 
 /// (rows, cols) of a tensor seen as a matrix: cols = ne0 (the contiguous axis).
@@ -519,7 +541,7 @@ mod tests {
         // 1 + 3·2^-8 lies between 1 + 2^-7 and 1 + 2^-6: ties go to 1 + 2^-6.
         let t = TensorInfo { name: "t".into(), dims: vec![3], kind: GgmlType::F32, offset: 0 };
         let x = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20)];
-        let out = dense(&t, &f32_bytes(&x), DType::BF16, 0.0).unwrap();
+        let out = dense(&t, &f32_bytes(&x), DType::BF16, None).unwrap();
         let got: Vec<f32> = out.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
         assert_eq!(got, [1.0, 1.0 + 2f32.powi(-6), 1.0 + 2f32.powi(-7)]);
     }

@@ -124,7 +124,7 @@ pub fn load(w: &Weights, cfg: ModelConfig) -> Result<Qwen3Next> {
     for (i, &is_linear) in linear.iter().enumerate() {
         let p = format!("{root}.layers.{i}");
         let mixer = if is_linear {
-            Mixer::Linear(GatedDeltaNet::load(w, &cfg, &format!("{p}.linear_attn"), sizes, !qwen3_5)?)
+            Mixer::Linear(GatedDeltaNet::load(w, &cfg, &format!("{p}.linear_attn"), sizes)?)
         } else {
             let spec = AttentionSpec {
                 qkv_bias: bias,
