@@ -9,7 +9,7 @@ const path = require('node:path')
 
 const mlx = require('..')
 const { fixture, writeGguf, tmpdir } = require('./helpers')
-const { ref, assertLikeReference, readSafetensors } = require('./tiny')
+const { ref, assertLikeReference, readSafetensors, fuseGateUp } = require('./tiny')
 
 // llama.cpp's names for a layer's tensors (its convert_hf_to_gguf.py layout), per architecture.
 const GGUF_LAYER = {
@@ -298,5 +298,163 @@ describe('architectures: Qwen3-Next and Qwen3.5 GGUF files in llama.cpp\'s layou
         model.dispose()
       }
     })
+  }
+})
+
+/** ggml's Q8_0 blocks of `data` (32 values: an f16 scale, 32 int8), and the values they hold. */
+function q8_0(data) {
+  const blocks = Buffer.alloc((data.length / 32) * 34)
+  const values = new Float32Array(data.length)
+  for (let b = 0; b < data.length / 32; b++) {
+    const x = data.subarray(b * 32, (b + 1) * 32)
+    // The scale max|x| / 127 as an f16 (normal numbers: exponent and 10-bit mantissa, rounded).
+    let e = Math.floor(Math.log2(Math.max(...x.map(Math.abs)) / 127))
+    let mantissa = Math.round((Math.max(...x.map(Math.abs)) / 127 / 2 ** e - 1) * 1024)
+    if (mantissa === 1024) [e, mantissa] = [e + 1, 0]
+    assert.ok(e >= -14 && e <= 15, 'scale within f16\'s normal numbers')
+    const d = 2 ** e * (1 + mantissa / 1024)
+    blocks.writeUInt16LE(((e + 15) << 10) | mantissa, b * 34)
+    for (let k = 0; k < 32; k++) {
+      const q = Math.max(-127, Math.min(127, Math.round(x[k] / d)))
+      blocks.writeInt8(q, b * 34 + 2 + k)
+      values[b * 32 + k] = q * d
+    }
+  }
+  return { blocks, values }
+}
+
+// A Gemma 4 layer's tensors under llama.cpp's names (mlx-lm's on the left).
+const GEMMA4_LAYER = {
+  'input_layernorm.weight': 'attn_norm.weight', 'post_attention_layernorm.weight': 'post_attention_norm.weight',
+  'pre_feedforward_layernorm.weight': 'ffn_norm.weight', 'post_feedforward_layernorm.weight': 'post_ffw_norm.weight',
+  'post_feedforward_layernorm_1.weight': 'post_ffw_norm_1.weight', 'pre_feedforward_layernorm_2.weight': 'pre_ffw_norm_2.weight',
+  'post_feedforward_layernorm_2.weight': 'post_ffw_norm_2.weight',
+  'self_attn.q_proj.weight': 'attn_q.weight', 'self_attn.k_proj.weight': 'attn_k.weight', 'self_attn.v_proj.weight': 'attn_v.weight',
+  'self_attn.o_proj.weight': 'attn_output.weight', 'self_attn.q_norm.weight': 'attn_q_norm.weight', 'self_attn.k_norm.weight': 'attn_k_norm.weight',
+  'mlp.gate_proj.weight': 'ffn_gate.weight', 'mlp.up_proj.weight': 'ffn_up.weight', 'mlp.down_proj.weight': 'ffn_down.weight',
+  'router.proj.weight': 'ffn_gate_inp.weight', 'router.scale': 'ffn_gate_inp.scale', 'router.per_expert_scale': 'ffn_down_exps.scale',
+  'experts.switch_glu.down_proj.weight': 'ffn_down_exps.weight',
+  'per_layer_input_gate.weight': 'inp_gate.weight', 'per_layer_projection.weight': 'proj.weight',
+  'post_per_layer_input_norm.weight': 'post_norm.weight', 'layer_scalar': 'layer_output_scale.weight',
+}
+const GEMMA4_TOP = {
+  'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'lm_head.weight': 'output.weight',
+  'model.embed_tokens_per_layer.weight': 'per_layer_token_embd.weight', 'model.per_layer_model_projection.weight': 'per_layer_model_proj.weight',
+  'model.per_layer_projection_norm.weight': 'per_layer_proj_norm.weight',
+}
+
+/** A tiny Gemma 4 folder written as llama.cpp's converter writes it: no value changed (Gemma 4's
+ * norms are not shifted), experts' gate and up fused, the full layers' partial rotation as RoPE
+ * factors, per-layer arrays for the sliding pattern, the MLP width (doubled on the layers that
+ * share KV) and the KV heads (the full layers' own where keys are the values). */
+function gemma4AsGguf(dir, file, { experts = 'f32' } = {}) {
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
+  const tc = cfg.text_config ?? cfg
+  const n = tc.num_hidden_layers
+  const sliding = Array.from({ length: n }, (_, i) => (tc.layer_types ? tc.layer_types[i] === 'sliding_attention' : (i + 1) % tc.sliding_window_pattern !== 0))
+  const src = Object.fromEntries(Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([k, t]) => [k.replace(/^language_model\./, ''), t]))
+  const tensors = []
+  const put = (name, shape, data) => tensors.push({ name, dims: [...shape].reverse(), type: 0, data: bytes(data) })
+  // `experts`: 'q8_0' stores the experts as Q8_0 blocks, 'q8_0-values' as f32 holding the same values.
+  const putExperts = (name, shape, data) => {
+    if (experts === 'f32') return put(name, shape, data)
+    const { blocks, values } = q8_0(data)
+    if (experts === 'q8_0') tensors.push({ name, dims: [...shape].reverse(), type: 8, data: blocks })
+    else put(name, shape, values)
+  }
+  for (const [name, t] of Object.entries(src)) {
+    if (GEMMA4_TOP[name]) {
+      put(GEMMA4_TOP[name], t.shape, f32Of(t))
+      continue
+    }
+    const [, i, module] = /^model\.layers\.(\d+)\.(.+)$/.exec(name)
+    if (module === 'experts.switch_glu.gate_proj.weight') {
+      const up = src[name.replace('.gate_proj.', '.up_proj.')]
+      const fused = fuseGateUp(f32Of(t), f32Of(up), t.shape)
+      putExperts(`blk.${i}.ffn_gate_up_exps.weight`, fused.shape, fused.data)
+      continue
+    }
+    if (module === 'experts.switch_glu.up_proj.weight') continue
+    assert.ok(GEMMA4_LAYER[module], `no GGUF name for ${name}`)
+    ;(module === 'experts.switch_glu.down_proj.weight' ? putExperts : put)(`blk.${i}.${GEMMA4_LAYER[module]}`, t.shape, f32Of(t))
+  }
+  // mlx-lm's defaults where the config has no RoPE block (or no block for a kind of layer).
+  const full = tc.rope_parameters?.full_attention ?? { partial_rotary_factor: 0.25, rope_theta: 1e6 }
+  const swaTheta = tc.rope_parameters?.sliding_attention?.rope_theta ?? 1e4
+  const half = tc.global_head_dim / 2
+  const rotated = Math.floor((tc.global_head_dim * full.partial_rotary_factor) / 2)
+  put('rope_freqs.weight', [half], Float32Array.from({ length: half }, (_, k) => (k < rotated ? 1 : 1e30)))
+  const shared = tc.num_kv_shared_layers ?? 0
+  const doubleWide = tc.use_double_wide_mlp ?? true
+  const kv = {
+    'general.architecture': 'gemma4',
+    'gemma4.context_length': tc.max_position_embeddings,
+    'gemma4.embedding_length': tc.hidden_size,
+    'gemma4.block_count': n,
+    'gemma4.feed_forward_length': doubleWide ? Array.from({ length: n }, (_, i) => (i < n - shared ? 1 : 2) * tc.intermediate_size) : tc.intermediate_size,
+    'gemma4.attention.head_count': tc.num_attention_heads,
+    'gemma4.attention.head_count_kv': tc.num_global_key_value_heads ? sliding.map((s) => (s ? tc.num_key_value_heads : tc.num_global_key_value_heads)) : tc.num_key_value_heads,
+    'gemma4.attention.key_length': tc.global_head_dim,
+    'gemma4.attention.value_length': tc.global_head_dim,
+    'gemma4.attention.key_length_swa': tc.head_dim,
+    'gemma4.attention.value_length_swa': tc.head_dim,
+    'gemma4.attention.layer_norm_rms_epsilon': tc.rms_norm_eps,
+    'gemma4.attention.sliding_window_pattern': sliding,
+    'gemma4.attention.shared_kv_layers': shared,
+    'gemma4.embedding_length_per_layer_input': tc.hidden_size_per_layer_input ?? 0,
+    'gemma4.rope.freq_base': full.rope_theta,
+    'gemma4.rope.freq_base_swa': swaTheta,
+    'gemma4.rope.dimension_count': tc.global_head_dim,
+    'gemma4.rope.dimension_count_swa': tc.head_dim,
+    'tokenizer.ggml.tokens': Array.from({ length: tc.vocab_size }, (_, k) => `t${k}`),
+  }
+  if (tc.sliding_window) kv['gemma4.attention.sliding_window'] = tc.sliding_window
+  if (tc.final_logit_softcapping) kv['gemma4.final_logit_softcapping'] = tc.final_logit_softcapping
+  if (tc.enable_moe_block) {
+    kv['gemma4.expert_count'] = tc.num_experts
+    kv['gemma4.expert_used_count'] = tc.top_k_experts
+    kv['gemma4.expert_feed_forward_length'] = tc.moe_intermediate_size
+  }
+  writeGguf(file, kv, tensors)
+}
+
+describe('architectures: Gemma 4 GGUF files in llama.cpp\'s layout equal their folders', () => {
+  // E2B/E4B-like (per-layer inputs, KV shared, double-wide MLPs), 26B-A4B-like (experts, keys as
+  // values with their own KV head count), all full-sized heads, and the multimodal checkpoint.
+  for (const name of ['gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']) {
+    test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
+      const m = ref.models.find((x) => x.name === name)
+      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
+      gemma4AsGguf(fixture(`tiny/${name}`), file)
+      const model = await mlx.loadModel(file)
+      try {
+        assert.equal(model.config.modelType, 'gemma4_text')
+        await assertLikeReference(model, m, `${name} GGUF`)
+      } finally {
+        model.dispose()
+      }
+    })
+  }
+})
+
+test('Gemma 4 GGUF: Q8_0 experts (gate and up fused) give the numbers of the same values in f32', { timeout: 120_000 }, async () => {
+  // The fused experts stay quantized (Q8_0 repacks into MLX's 8-bit layout) and are split into
+  // gate and up rows inside the quantized arrays; equal to splitting the values in f32.
+  const m = ref.models.find((x) => x.name === 'gemma4_text_moe')
+  const dir = tmpdir('gguf-gemma4-q8')
+  const [quantized, values] = [path.join(dir, 'q8.gguf'), path.join(dir, 'values.gguf')]
+  gemma4AsGguf(fixture('tiny/gemma4_text_moe'), quantized, { experts: 'q8_0' })
+  gemma4AsGguf(fixture('tiny/gemma4_text_moe'), values, { experts: 'q8_0-values' })
+  const [a, b] = [await mlx.loadModel(quantized), await mlx.loadModel(values)]
+  try {
+    assert.equal(a.config.raw.quantization.bits, 8)
+    for (const p of m.prompts) {
+      const [x, y] = [await a.logits(p.ids), await b.logits(p.ids)]
+      const max = Math.max(...x.map((v, j) => Math.abs(v - y[j])))
+      assert.ok(max <= 1e-3, `prompt of ${p.ids.length} ids: max |logit diff| ${max}`)
+    }
+  } finally {
+    a.dispose()
+    b.dispose()
   }
 })

@@ -124,7 +124,7 @@ function makeTinyLlama(dir, seed = 1, { omit = [], bf16 = false, dims = {} } = {
   return dir
 }
 
-/** A minimal GGUF v3 file: `kv` metadata (strings, u32, f32, arrays of strings or of int32) and tensors. */
+/** A minimal GGUF v3 file: `kv` metadata (strings, u32, f32, arrays of strings, int32 or booleans) and tensors. */
 function writeGguf(file, kv, tensors) {
   const parts = []
   const u32 = (v) => { const b = Buffer.alloc(4); b.writeUInt32LE(v); return b }
@@ -136,6 +136,7 @@ function writeGguf(file, kv, tensors) {
     parts.push(str(k))
     if (typeof v === 'string') parts.push(u32(8), str(v))
     else if (Array.isArray(v) && typeof v[0] === 'number') parts.push(u32(9), u32(5), u64(v.length), ...v.map(u32)) // int32s
+    else if (Array.isArray(v) && typeof v[0] === 'boolean') parts.push(u32(9), u32(7), u64(v.length), Buffer.from(v.map(Number)))
     else if (Array.isArray(v)) parts.push(u32(9), u32(8), u64(v.length), ...v.map(str))
     else if (typeof v === 'object') parts.push(u32(6), f32(v.f32)) // { f32: 12 }: a float that happens to be whole
     else if (Number.isInteger(v)) parts.push(u32(4), u32(v))

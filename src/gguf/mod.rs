@@ -305,6 +305,11 @@ impl Gguf {
         self.array(key)?.iter().map(Value::as_i64).collect()
     }
 
+    /// Arrays of booleans.
+    pub fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
+        self.array(key)?.iter().map(|v| if let Value::Bool(b) = v { Some(*b) } else { None }).collect()
+    }
+
     /// Arrays of any numeric type.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
         self.array(key)?.iter().map(Value::as_f32).collect()

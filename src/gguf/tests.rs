@@ -32,7 +32,7 @@ impl GgufWriter {
         }
     }
 
-    fn raw(&mut self, key: &str, ty: u32, payload: &[u8]) -> &mut Self {
+    pub(crate) fn raw(&mut self, key: &str, ty: u32, payload: &[u8]) -> &mut Self {
         put_str(&mut self.kv, key);
         self.kv.extend_from_slice(&ty.to_le_bytes());
         self.kv.extend_from_slice(payload);

@@ -78,6 +78,24 @@ impl SwitchLinear {
         }
     }
 
+    /// The first `rows` outputs of every expert, and the rest (quantized rows are independent).
+    fn split_rows(self, rows: i32) -> (Self, Self) {
+        let split = |a: &Array| (a.index((.., ..rows, ..)), a.index((.., rows.., ..)));
+        match self {
+            SwitchLinear::Dense(w) => {
+                let (a, b) = split(&w);
+                (SwitchLinear::Dense(a), SwitchLinear::Dense(b))
+            }
+            SwitchLinear::Quantized { weight, scales, biases, params } => {
+                let ((w0, w1), (s0, s1), (b0, b1)) = (split(&weight), split(&scales), split(&biases));
+                (
+                    SwitchLinear::Quantized { weight: w0, scales: s0, biases: b0, params },
+                    SwitchLinear::Quantized { weight: w1, scales: s1, biases: b1, params },
+                )
+            }
+        }
+    }
+
     /// `x · W[idx]ᵀ` for each index: x [..., 1, in] with idx [...] → [..., 1, out].
     fn forward(&self, x: &Array, idx: &Array, sorted: bool) -> Result<Array> {
         Ok(match self {
@@ -98,12 +116,19 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
-    /// `<path>.{gate,up,down}_proj` stacked over `experts`, or a Hugging Face checkpoint's
-    /// `<each>.<e>.<name>` per expert; `hidden`: each expert's width.
+    /// `<path>.{gate,up,down}_proj` stacked over `experts` (gate and up also as one
+    /// `gate_up_proj`, gate rows first, as llama.cpp stores Gemma 4's), or a Hugging Face
+    /// checkpoint's `<each>.<e>.<name>` per expert; `hidden`: each expert's width.
     pub fn load(w: &Weights, cfg: &ModelConfig, path: &str, each: Option<&str>, experts: usize, hidden: usize, activation: Activation) -> Result<Self> {
         let d = cfg.hidden_size;
         let proj = |name: &str, out: usize, inp: usize| SwitchLinear::load(w, cfg, &format!("{path}.{name}"), each.map(|e| (e, name)), experts, out, inp);
-        Ok(SwitchGlu { gate_proj: proj("gate_proj", hidden, d)?, up_proj: proj("up_proj", hidden, d)?, down_proj: proj("down_proj", d, hidden)?, activation })
+        let (gate_proj, up_proj) = if each.is_none() && w.has(&format!("{path}.gate_up_proj.weight")) {
+            let both = hidden.checked_mul(2).ok_or_else(|| Error::config(&cfg.source, format!("expert width {hidden} overflows")))?;
+            proj("gate_up_proj", both, d)?.split_rows(hidden as i32)
+        } else {
+            (proj("gate_proj", hidden, d)?, proj("up_proj", hidden, d)?)
+        };
+        Ok(SwitchGlu { gate_proj, up_proj, down_proj: proj("down_proj", d, hidden)?, activation })
     }
 
     /// The experts as Gemma 4 and Qwen3.5-MoE are published, if `<path>` holds them so: one

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::gguf_hybrid;
+use super::{gguf_gemma4, gguf_hybrid};
 use crate::gguf::{quants, Gguf};
 use crate::error::{Error, Result};
 
@@ -39,6 +39,7 @@ pub(super) enum Arch {
     Qwen3Next,
     Qwen35,
     Qwen35Moe,
+    Gemma4,
 }
 
 impl Arch {
@@ -61,6 +62,7 @@ impl Arch {
             Some("qwen3next") => Ok(Arch::Qwen3Next),
             Some("qwen35") => Ok(Arch::Qwen35),
             Some("qwen35moe") => Ok(Arch::Qwen35Moe),
+            Some("gemma4") => Ok(Arch::Gemma4),
             Some(other) => Err(Error::UnsupportedModelType(other.to_owned())),
             None => Err(Error::config(g.path(), "GGUF has no general.architecture")),
         }
@@ -89,6 +91,7 @@ pub(super) fn hf_config(arch: Arch, g: &Gguf) -> Result<Value> {
         Arch::Qwen3Next => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen3next" }),
         Arch::Qwen35 => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen35" }),
         Arch::Qwen35Moe => gguf_hybrid::config(arch, &Meta { g, path, prefix: "qwen35moe" }),
+        Arch::Gemma4 => gguf_gemma4::config(&Meta { g, path, prefix: "gemma4" }),
     }
 }
 
@@ -109,7 +112,7 @@ impl Meta<'_> {
     pub(super) fn f32(&self, k: &str) -> Option<f32> {
         self.g.get_f32(&self.key(k))
     }
-    fn need(&self, k: &str) -> Result<u64> {
+    pub(super) fn need(&self, k: &str) -> Result<u64> {
         self.u64(k).ok_or_else(|| Error::config(self.path, format!("GGUF is missing {}", self.key(k))))
     }
     /// A size or count the config is built from: 1 to `max` (the file is untrusted; a zero
@@ -120,7 +123,7 @@ impl Meta<'_> {
             n => Err(Error::config(self.path, format!("{} is {n}, not between 1 and {max}", self.key(k)))),
         }
     }
-    fn vocab_size(&self) -> Result<u64> {
+    pub(super) fn vocab_size(&self) -> Result<u64> {
         self.g
             .get_str_array("tokenizer.ggml.tokens")
             .map(|t| t.len() as u64)
@@ -128,7 +131,7 @@ impl Meta<'_> {
             .ok_or_else(|| Error::config(self.path, "GGUF has no tokenizer.ggml.tokens"))
     }
     /// Six significant digits, as the f32 in the file was written from a short decimal.
-    fn rms_norm_eps(&self, default: f32) -> f64 {
+    pub(super) fn rms_norm_eps(&self, default: f32) -> f64 {
         let eps = self.f32("attention.layer_norm_rms_epsilon").unwrap_or(default);
         format!("{eps:.5e}").parse::<f64>().unwrap_or(eps as f64)
     }
@@ -139,7 +142,7 @@ impl Meta<'_> {
             _ => None,
         }
     }
-    fn token_id(&self, which: &str) -> Option<u64> {
+    pub(super) fn token_id(&self, which: &str) -> Option<u64> {
         self.g.get_u64(&format!("tokenizer.ggml.{which}_token_id"))
     }
 }
@@ -325,11 +328,12 @@ pub(super) fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
 }
 
 /// Tensors that are not the model's weights, which the loaders skip: configuration (Phi-3's
-/// LongRoPE factors), and Qwen3.5's multi-token-prediction layers after the model's `layers`
+/// LongRoPE factors, Gemma 4's partial-rotation factors), and Qwen3.5's multi-token-prediction layers after the model's `layers`
 /// (mlx-lm drops them too).
 pub(super) fn is_skipped(arch: Arch, layers: u64, name: &str) -> bool {
     match arch {
         Arch::Phi3 => matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight"),
+        Arch::Gemma4 => name == gguf_gemma4::ROPE_FREQS,
         Arch::Qwen35 | Arch::Qwen35Moe => gguf_hybrid::is_prediction_layer(layers, name),
         _ => false,
     }

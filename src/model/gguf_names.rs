@@ -4,6 +4,16 @@ use super::gguf_config::Arch;
 
 /// The HF name of GGUF tensor `gguf` in a file of architecture `arch`, if it is one we read.
 pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
+    if arch == Arch::Gemma4 {
+        // Gemma 4's per-layer inputs: one embedding per layer for each token, and a projection of
+        // the main embedding into the same per-layer space.
+        match gguf {
+            "per_layer_token_embd.weight" => return Some("model.embed_tokens_per_layer.weight".into()),
+            "per_layer_model_proj.weight" => return Some("model.per_layer_model_projection.weight".into()),
+            "per_layer_proj_norm.weight" => return Some("model.per_layer_projection_norm.weight".into()),
+            _ => {}
+        }
+    }
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
         "output_norm.weight" => return Some("model.norm.weight".into()),
@@ -78,6 +88,38 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
             "ffn_down" => "mlp.down_proj",
             _ => return None,
         },
+        // Gemma 4: Gemma 3's four norms, and in its MoE layers the dense MLP's post-norm (_1), the
+        // experts' pre- and post-norms (_2), the router (its projection and input scale; the
+        // experts' output scales stored beside the down projections), the experts with gate and
+        // up fused (gate rows first); each layer's per-layer-input gate, projection and norm; a
+        // learned output scalar.
+        (Arch::Gemma4, name) => match (name, suffix) {
+            ("post_attention_norm", _) => "post_attention_layernorm",
+            ("ffn_norm", _) => "pre_feedforward_layernorm",
+            ("post_ffw_norm", _) => "post_feedforward_layernorm",
+            ("post_ffw_norm_1", _) => "post_feedforward_layernorm_1",
+            ("pre_ffw_norm_2", _) => "pre_feedforward_layernorm_2",
+            ("post_ffw_norm_2", _) => "post_feedforward_layernorm_2",
+            ("attn_q_norm", _) => "self_attn.q_norm",
+            ("attn_k_norm", _) => "self_attn.k_norm",
+            ("ffn_gate_inp", "weight") => "router.proj",
+            ("ffn_gate_inp", "scale") => return Some(format!("model.layers.{i}.router.scale")),
+            ("ffn_down_exps", "scale") => return Some(format!("model.layers.{i}.router.per_expert_scale")),
+            ("ffn_gate_up_exps", _) => "experts.switch_glu.gate_up_proj",
+            ("ffn_down_exps", _) => "experts.switch_glu.down_proj",
+            ("inp_gate", _) => "per_layer_input_gate",
+            ("proj", _) => "per_layer_projection",
+            ("post_norm", _) => "post_per_layer_input_norm",
+            ("layer_output_scale", "weight") => return Some(format!("model.layers.{i}.layer_scalar")),
+            ("attn_q", _) => "self_attn.q_proj",
+            ("attn_k", _) => "self_attn.k_proj",
+            ("attn_v", _) => "self_attn.v_proj",
+            ("attn_output", _) => "self_attn.o_proj",
+            ("ffn_gate", _) => "mlp.gate_proj",
+            ("ffn_up", _) => "mlp.up_proj",
+            ("ffn_down", _) => "mlp.down_proj",
+            _ => return None,
+        },
         // StarCoder 2's plain MLP.
         (Arch::Starcoder2, "ffn_up") => "mlp.c_fc",
         (Arch::Starcoder2, "ffn_down") => "mlp.c_proj",
@@ -143,6 +185,31 @@ mod tests {
         assert_eq!(hf_name(Arch::Qwen35, "blk.0.attn_q"), None);
         assert_eq!(hf_name(Arch::Qwen35, "blk.0.ffn_norm.weight"), None);
         assert_eq!(hf_name(Arch::Llama, "blk.0.ssm_a"), None);
+    }
+
+    #[test]
+    fn gemma4_names_map_to_hf() {
+        let cases = [
+            ("per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"),
+            ("per_layer_model_proj.weight", "model.per_layer_model_projection.weight"),
+            ("blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"),
+            ("blk.1.post_ffw_norm_1.weight", "model.layers.1.post_feedforward_layernorm_1.weight"),
+            ("blk.1.pre_ffw_norm_2.weight", "model.layers.1.pre_feedforward_layernorm_2.weight"),
+            ("blk.1.ffn_gate_inp.weight", "model.layers.1.router.proj.weight"),
+            ("blk.1.ffn_gate_inp.scale", "model.layers.1.router.scale"),
+            ("blk.1.ffn_down_exps.scale", "model.layers.1.router.per_expert_scale"),
+            ("blk.1.ffn_down_exps.weight", "model.layers.1.experts.switch_glu.down_proj.weight"),
+            ("blk.1.ffn_gate_up_exps.weight", "model.layers.1.experts.switch_glu.gate_up_proj.weight"),
+            ("blk.1.inp_gate.weight", "model.layers.1.per_layer_input_gate.weight"),
+            ("blk.1.proj.weight", "model.layers.1.per_layer_projection.weight"),
+            ("blk.1.post_norm.weight", "model.layers.1.post_per_layer_input_norm.weight"),
+            ("blk.1.layer_output_scale.weight", "model.layers.1.layer_scalar"),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(hf_name(Arch::Gemma4, gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        assert_eq!(hf_name(Arch::Gemma3, "per_layer_token_embd.weight"), None);
+        assert_eq!(hf_name(Arch::Gemma4, "blk.1.ffn_gate_exps.weight"), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod gemma4_text;
 pub mod gated_delta;
 pub mod glm4;
 pub mod gguf_config;
+mod gguf_gemma4;
 mod gguf_hybrid;
 pub mod gguf_names;
 pub mod gguf_weights;
