@@ -255,10 +255,12 @@ print(json.dumps([whole.choices[0].message.content, streamed]))
       assert.equal(text, wants[i])
     })
     const gone = [leaving(prompts[0], true), leaving(prompts[1], true)]
-    // A whole (unstreamed) answer whose client leaves after 1.5 s.
+    // A whole (unstreamed) answer whose client leaves after 1.5 s: its end-of-text tokens banned,
+    // so that it cannot be done by then on any machine (2000 tokens).
     const ac = new AbortController()
     setTimeout(() => ac.abort(), 1500)
-    gone.push(openai.chat.completions.create({ model: MODEL, messages: prompts[2], max_tokens: 300, temperature: 0 }, { signal: ac.signal }).then(
+    const endless = Object.fromEntries(tok.eosTokenIds.map((id) => [id, -100]))
+    gone.push(openai.chat.completions.create({ model: MODEL, messages: prompts[2], max_tokens: 2000, temperature: 0, logit_bias: endless }, { signal: ac.signal }).then(
       () => assert.fail('the aborted request answered'),
       (e) => assert.ok(e instanceof APIUserAbortError, String(e)),
     ))
