@@ -9,7 +9,7 @@ const fs = require('node:fs')
 const path = require('node:path')
 
 const mlx = require('..')
-const { fixture, expectCode, within } = require('./helpers')
+const { fixture, expectCode, within, eventually } = require('./helpers')
 
 const dir = fixture('smollm2-f32')
 // What fit() bills as the weights: the safetensors files.
@@ -29,17 +29,25 @@ test('an engine with memoryBudgetBytes reclaims the prefix cache, then queues, t
   const request = (i, maxTokens = 30) => ({ promptTokens: prompt(i), maxTokens, eosTokenIds: [] })
   // One 40-token context fits, two do not, nor does the smallest prefix-cache entry beside one.
   const engine = mlx.createEngine(model, { memoryBudgetBytes: Math.floor(weights + need(40) + 1000) })
-  // When its first tokens arrived, when it ended, and how it ended.
-  const run = async (r) => {
+  // How each session ended, and the states of the sessions opened beside it when its first
+  // tokens arrived: the engine's own order, which timestamps taken in JS cannot show (a consumer
+  // may see its session's end after the next session's first tokens).
+  const run = async (r, beside = []) => {
     const session = engine.open(r)
-    let first = null
-    for await (const e of session.events) if (e.type === 'committed' && first === null) first = performance.now()
-    return { first, end: performance.now(), status: (await session.result).status }
+    beside.push(session)
+    let seen = null
+    let idle = null
+    for await (const e of session.events) {
+      if (e.type === 'committed' && seen === null) [seen, idle] = [beside.filter((s) => s !== session).map((s) => s.state), engine.stats.idle]
+    }
+    assert.equal(idle, false, 'a working engine is not idle')
+    return { seen, status: (await session.result).status }
   }
   try {
-    const [first, second] = await within(Promise.all([run(request(0)), run(request(1))]), 'two sessions', 120_000)
+    const pair = []
+    const [first, second] = await within(Promise.all([run(request(0), pair), run(request(1), pair)]), 'two sessions', 120_000)
     assert.deepEqual([first.status, second.status], ['completed', 'completed'])
-    assert.ok(second.first >= first.end - 50, 'the second waited for the first to end')
+    assert.deepEqual(second.seen, ['terminal'], 'the second waited for the first to end')
     // The finished sessions left their caches in the prefix cache; the next session reclaims them.
     const before = engine.stats.prefixCache
     assert.ok(before.entries >= 1 && before.bytes > 1000, JSON.stringify(before))
@@ -51,6 +59,7 @@ test('an engine with memoryBudgetBytes reclaims the prefix cache, then queues, t
     assert.equal(refused.error.cause, 'INSUFFICIENT_MEMORY')
     assert.match(refused.error.message, /memoryBudgetBytes/)
     assert.equal((await run(request(4))).status, 'completed')
+    assert.ok(await eventually(() => engine.stats.idle, 10_000), 'the engine went idle after its work')
   } finally {
     await engine.close()
     model.dispose()
