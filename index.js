@@ -52,6 +52,8 @@ const testing = {
   /** Panics inside a synchronous binding (for the panic-isolation tests). */
   panicInBinding: wrap((message) => native.panicNative(message)),
   batchCounts: () => native.batchCountsNative(),
+  /** Bytes of the MLX arrays alive in the process (weights, caches, activations). */
+  mlxActiveMemory: () => native.mlxActiveMemoryNative(),
 }
 
 // generate() runs on one engine per model that never cancels idle consumers and never rejects.

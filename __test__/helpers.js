@@ -166,6 +166,16 @@ async function within(promise, what, ms = 10_000) {
   }
 }
 
+/** Polls `cond` until it holds or `ms` pass; returns whether it held. */
+async function eventually(cond, ms = 3000) {
+  const end = Date.now() + ms
+  while (!cond()) {
+    if (Date.now() > end) return false
+    await new Promise((r) => setTimeout(r, 10))
+  }
+  return true
+}
+
 const range = (a, b) => Array.from({ length: b - a }, (_, i) => a + i)
 
 /** For assert.throws/rejects: an Error with `code` and, if given, a message matching `pattern`. */
@@ -201,4 +211,4 @@ function cosine(a, b) {
   return dot / Math.sqrt(na * nb)
 }
 
-module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, cosine, post, TINY }
+module.exports = { ROOT, FIXTURES, fixture, readJson, tmpdir, rng, within, eventually, range, makeTinyLlama, writeByteTokenizer, writeGguf, writeSafetensors, collect, expectCode, cosine, post, TINY }

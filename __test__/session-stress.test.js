@@ -90,8 +90,9 @@ describe('session stress: open/cancel/close cycles', () => {
       const warm = process.memoryUsage()
       await runCycles(1000, 10_000)
       assert.ok(await eventually(() => mlx.testing.liveSessions() === 0, 5000), `liveSessions() is ${mlx.testing.liveSessions()} after the cycles`)
+      assert.ok(await eventually(() => engine.stats.idle, 5000), 'the engine went idle')
       const { prefixCache, ...stats } = engine.stats
-      assert.deepEqual(stats, { liveSessions: 0, running: 0, reservedCollectTokens: 0 })
+      assert.deepEqual(stats, { liveSessions: 0, running: 0, reservedCollectTokens: 0, idle: true })
       assert.equal(prefixCache.entries, 0)
       await settle()
       const end = process.memoryUsage()

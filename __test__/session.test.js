@@ -9,22 +9,12 @@ const path = require('node:path')
 const { setTimeout: sleep } = require('node:timers/promises')
 
 const mlx = require('..')
-const { makeTinyLlama, tmpdir, collect, rng, within, range, TINY } = require('./helpers')
+const { makeTinyLlama, tmpdir, collect, rng, within, eventually, range, TINY } = require('./helpers')
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
 const outcomeOf = (session, ms) => within(session.result, `the result of session ${session.id}`, ms)
-
-/** Polls `cond` until it holds or `ms` pass; returns whether it held. */
-async function eventually(cond, ms = 3000) {
-  const end = Date.now() + ms
-  while (!cond()) {
-    if (Date.now() > end) return false
-    await sleep(10)
-  }
-  return true
-}
 
 const show = (v) => JSON.stringify(v, (_, x) => (x instanceof Uint32Array ? Array.from(x) : x))
 

@@ -26,11 +26,12 @@ echo "== bun test ($(date -u +%T))"
 # - the prefix-cache suite (5 min of real-weight prefill) and the server load test (64 clients of
 #   a server process), the grammar, speculative and fill suites (2 min each of real-weight
 #   decoding), the eval suite (the mlx-bun binary on real weights), and the quantized-KV and
-#   memory-admission suites (2 min of real-weight decoding):
+#   memory-admission suites (2 min of real-weight decoding) and the prefix cache's memory check (a
+#   process of its own):
 #   Rust behaviour with no runtime-specific code;
 # - the package test, which installs the packed tarballs with npm and with bun and runs Bun itself;
 # - the `mlx-bun serve` suite (a Rust binary the runtime only spawns) and the server's tool calls
 #   (HTTP behaviour of Rust); createServer's own suite (create-server.test.js) runs under both.
 node_modules/.bin/bun test --timeout 600000 $(ls __test__/*.test.js | grep -v -e parity.test.js -e gemma.test.js \
   -e prefix-cache.test.js -e server-load.test.js -e package.test.js -e grammar.test.js -e /server.test.js \
-  -e speculative.test.js -e fill.test.js -e eval.test.js -e kv-quant.test.js -e memory.test.js)
+  -e speculative.test.js -e fill.test.js -e eval.test.js -e kv-quant.test.js -e memory.test.js -e prefix-memory.test.js)

@@ -168,6 +168,8 @@ export interface EngineStats {
   running: number
   /** Output tokens reserved by collect sessions. */
   reservedCollectTokens: number
+  /** No work, and the memory its work freed handed back to the system (MLX's buffer cache, and on Linux malloc's free pages). An extension of mlx-bun. */
+  idle: boolean
   /** The prefix cache since the engine was created; `bytes` and `entries` are current. */
   prefixCache: {
     hits: number
@@ -223,4 +225,6 @@ export const testing: {
   batchCounts(): { steps: number; rows: number; prefillSteps: number; prefillRows: number }
   /** Panics inside a synchronous binding: throws `INTERNAL_ERROR`, the process lives on. */
   panicInBinding(message: string): never
+  /** Bytes of the MLX arrays alive in the process (weights, caches, activations). */
+  mlxActiveMemory(): number
 }

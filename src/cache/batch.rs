@@ -99,7 +99,11 @@ impl BatchKvCache {
         }
         for (id, kv) in stacked {
             if !self.gone.remove(&id) {
-                self.parked.insert(id, kv.into_iter().map(own_row).collect::<Result<_>>()?);
+                let caches: Vec<LayerCache> = kv.into_iter().map(own_row).collect::<Result<_>>()?;
+                // Copied now, as `take_ended` does: a lazy copy would keep this whole stack alive
+                // for as long as the row stays parked, or its caches stay in the prefix cache.
+                mlx_rs::transforms::eval(caches.iter().flat_map(LayerCache::state))?;
+                self.parked.insert(id, caches);
             }
         }
         self.rebuild(next)

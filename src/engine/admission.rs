@@ -131,6 +131,8 @@ pub struct Admission {
     /// Sessions opened but not yet received by the engine thread: the scheduler counts them as
     /// queued, so a lone running row stops holding the thread as soon as one is opened.
     arriving: AtomicUsize,
+    /// The engine thread has no work and has handed back the memory its work freed.
+    idle: AtomicBool,
     /// The prefix cache's counters (the cache itself lives on the engine thread).
     pub prefix_stats: Arc<PrefixStats>,
 }
@@ -140,6 +142,8 @@ pub struct EngineStats {
     pub live_sessions: usize,
     pub running: usize,
     pub reserved_collect_tokens: u64,
+    /// No work, and the memory it freed handed back (`mlx::memory::release_idle`).
+    pub idle: bool,
     pub prefix_cache: PrefixCacheStats,
 }
 
@@ -164,6 +168,7 @@ impl Admission {
             running: AtomicUsize::new(0),
             reserved_collect: AtomicU64::new(0),
             arriving: AtomicUsize::new(0),
+            idle: AtomicBool::new(true),
             prefix_stats: Arc::default(),
         })
     }
@@ -202,6 +207,11 @@ impl Admission {
         self.arriving.load(Ordering::Acquire)
     }
 
+    /// Set by the engine thread as it starts working and once it has released memory after.
+    pub fn set_idle(&self, idle: bool) {
+        self.idle.store(idle, Ordering::Release);
+    }
+
     /// The engine thread has received (or will never receive) a session.
     pub fn arrived(&self) {
         self.arriving.fetch_sub(1, Ordering::AcqRel);
@@ -236,6 +246,7 @@ impl Admission {
             live_sessions: self.live.load(Ordering::Acquire),
             running: self.running.load(Ordering::Acquire),
             reserved_collect_tokens: self.reserved_collect.load(Ordering::Acquire),
+            idle: self.idle.load(Ordering::Acquire),
             prefix_cache: PrefixCacheStats {
                 hits: get(&p.hits),
                 misses: get(&p.misses),

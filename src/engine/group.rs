@@ -491,9 +491,20 @@ impl ExecutionGroup for Group {
         self.fail(|_| true, &error);
         self.tasks.reject_all(|| error.replicate());
     }
-    /// The group's share of MLX's buffer cache: returned to the system when it goes idle.
+    /// The memory the group's work freed (MLX's buffer cache, malloc's free pages): returned to
+    /// the system when it goes idle.
     fn reserve_residency(&mut self) -> Release<'static> {
-        Box::new(|| mlx_rs::memory::clear_cache().map_err(|e| Error::Mlx(e.to_string())))
+        let engine = self.engine.clone();
+        if let Some(e) = &engine {
+            e.set_idle(false);
+        }
+        Box::new(move || {
+            let released = crate::mlx::memory::release_idle().map_err(|e| Error::Mlx(e.to_string()));
+            if let Some(e) = engine {
+                e.set_idle(true);
+            }
+            released
+        })
     }
     /// The engine thread runs one unit at a time: holding it is the execution lease.
     fn acquire_execution(&mut self) -> Option<Release<'static>> {

@@ -95,6 +95,12 @@ pub fn panic_native(message: String) -> napi::Result<()> {
     panic!("{message}")
 }
 
+/// Bytes of the MLX arrays alive in the process (`testing.mlxActiveMemory()`).
+#[napi(catch_unwind)]
+pub fn mlx_active_memory_native() -> f64 {
+    crate::mlx::memory::active_bytes() as f64
+}
+
 #[napi(object)]
 pub struct BatchCountsJs {
     /// Decode steps that advanced several sessions in one graph.
@@ -124,6 +130,7 @@ pub struct EngineStatsJs {
     pub live_sessions: u32,
     pub running: u32,
     pub reserved_collect_tokens: f64,
+    pub idle: bool,
     pub prefix_cache: PrefixCacheStatsJs,
 }
 
@@ -259,6 +266,7 @@ impl NativeEngine {
             live_sessions: s.live_sessions as u32,
             running: s.running as u32,
             reserved_collect_tokens: s.reserved_collect_tokens as f64,
+            idle: s.idle,
             prefix_cache: PrefixCacheStatsJs {
                 hits: p.hits as f64,
                 misses: p.misses as f64,

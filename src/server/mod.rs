@@ -177,6 +177,7 @@ async fn stats(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
         "model": app.ctx.id,
         "live_sessions": s.live_sessions,
         "running": s.running,
+        "idle": s.idle,
         "max_active": o.max_active,
         "max_queued": o.max_queued,
         "prefix_cache": {
