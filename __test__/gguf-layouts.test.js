@@ -189,7 +189,7 @@ const HYBRID_LAYER = {
  * [channels, kernel]; Qwen3-Next's fused q/k/v/z split into q/k/v and z (`legacy`: kept fused, as
  * before llama.cpp split it); Qwen3.5's value heads tiled; `prediction`: a multi-token-prediction
  * layer after the last (noise the loader must skip). */
-function hybridAsGguf(dir, file, { legacy = false, prediction = false } = {}) {
+function hybridAsGguf(dir, file, { legacy = false, prediction = false, q8 = [], q8Values = false } = {}) {
   const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
   const tc = cfg.text_config ?? cfg
   const arch = { qwen3_next: 'qwen3next', qwen3_5: 'qwen35', qwen3_5_moe: 'qwen35moe' }[cfg.model_type]
@@ -197,7 +197,14 @@ function hybridAsGguf(dir, file, { legacy = false, prediction = false } = {}) {
   const tiled = arch !== 'qwen3next' && nv !== nk
   const rope = tc.rope_parameters ?? tc
   const tensors = []
-  const put = (name, shape, data) => tensors.push({ name, dims: [...shape].reverse(), type: 0, data: bytes(data) })
+  // Tensors named in `q8` (their llama.cpp names without `blk.N.`) are stored as Q8_0 blocks, or
+  // with `q8Values` as f32 holding the values of those blocks.
+  const put = (name, shape, data) => {
+    if (!q8.includes(name.replace(/^blk\.\d+\./, ''))) return tensors.push({ name, dims: [...shape].reverse(), type: 0, data: bytes(data) })
+    const { blocks, values } = q8_0(data)
+    if (q8Values) return tensors.push({ name, dims: [...shape].reverse(), type: 0, data: bytes(values) })
+    tensors.push({ name, dims: [...shape].reverse(), type: 8, data: blocks })
+  }
   for (const [full, t] of Object.entries(readSafetensors(path.join(dir, 'model.safetensors')))) {
     const name = full.replace(/^language_model\./, '')
     const top = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'lm_head.weight': 'output.weight' }
@@ -276,6 +283,32 @@ function hybridAsGguf(dir, file, { legacy = false, prediction = false } = {}) {
   if (arch !== 'qwen3next') kv[`${arch}.rope.dimension_sections`] = [...(rope.mrope_section ?? [11, 11, 10]), 0, 0, 0, 0].slice(0, 4)
   writeGguf(file, kv, tensors)
 }
+
+test('Qwen3.5 GGUF: Q8_0 projections regroup their value heads inside the quantized rows', { timeout: 120_000 }, async () => {
+  // The tiled value heads of q/k/v and z are put back row by row in the repacked 8-bit arrays,
+  // equal to doing so on the same values in f32. Columns move only as whole quantization groups:
+  // the tiny model's value heads (16 wide) are not, and a quantized output projection is refused.
+  const m = ref.models.find((x) => x.name === 'qwen3_5')
+  const dir = tmpdir('gguf-qwen35-q8')
+  const files = ['q8', 'values', 'out'].map((f) => path.join(dir, `${f}.gguf`))
+  const q8 = ['attn_qkv.weight', 'attn_gate.weight']
+  hybridAsGguf(fixture('tiny/qwen3_5'), files[0], { q8 })
+  hybridAsGguf(fixture('tiny/qwen3_5'), files[1], { q8, q8Values: true })
+  hybridAsGguf(fixture('tiny/qwen3_5'), files[2], { q8: ['ssm_out.weight'] })
+  const [a, b] = [await mlx.loadModel(files[0]), await mlx.loadModel(files[1])]
+  try {
+    assert.equal(a.config.raw.quantization.bits, 8)
+    for (const p of m.prompts) {
+      const [x, y] = [await a.logits(p.ids), await b.logits(p.ids)]
+      const max = Math.max(...x.map((v, j) => Math.abs(v - y[j])))
+      assert.ok(max <= 1e-3, `prompt of ${p.ids.length} ids: max |logit diff| ${max}`)
+    }
+  } finally {
+    a.dispose()
+    b.dispose()
+  }
+  await assert.rejects(mlx.loadModel(files[2]), (e) => e.code === 'INVALID_TENSOR' && /ssm_out.*value heads of 16 columns/.test(e.message))
+})
 
 describe('architectures: Qwen3-Next and Qwen3.5 GGUF files in llama.cpp\'s layout equal their folders', () => {
   const cases = [

@@ -159,8 +159,11 @@ pub(super) fn group_heads(arch: Arch, cfg: &ModelConfig, name: &str, data: &[u8]
         }
         Heads::Columns => {
             let v_dim = cfg.usize_opt("linear_value_head_dim").unwrap_or(0);
-            if row % v_heads != 0 || (packed && v_dim % GROUP != 0) {
-                return Err(bad(format!("its columns cannot be split into {v_heads} value heads of {v_dim} (quantized in groups of {GROUP}: {packed})")));
+            if packed && v_dim % GROUP != 0 {
+                return Err(bad(format!("quantized in groups of {GROUP} columns, it cannot move its value heads of {v_dim} columns")));
+            }
+            if row % v_heads != 0 {
+                return Err(bad(format!("rows of {row} bytes do not split into {v_heads} value heads")));
             }
             let block = row / v_heads;
             for r0 in data.chunks_exact(row) {
