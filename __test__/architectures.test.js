@@ -23,7 +23,7 @@ describe('architectures: parity with mlx-lm on tiny random models', () => {
     assert.equal(ref.mlx_lm_version, '0.32.2')
     assert.equal(ref.max_tokens, MAX_TOKENS)
     const names = ref.models.map((m) => m.name)
-    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4', 'qwen3_5', 'qwen3_5_moe', 'qwen3_next', 'qwen3_next_released']
+    const archs = ['llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'phi3', 'phi3_su', 'gemma', 'gemma2', 'smollm3', 'olmo2', 'glm4', 'granite', 'starcoder2', 'minicpm', 'qwen3_moe', 'qwen3_moe_sparse', 'gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4', 'qwen3_5', 'qwen3_5_moe', 'qwen3_next', 'qwen3_next_released', 'minicpm_longrope']
     for (const arch of archs) {
       assert.ok(names.includes(arch), `${arch} missing from ref-tiny.json`)
       assert.ok(names.includes(`${arch}-q4`), `${arch}-q4 missing from ref-tiny.json`)

@@ -60,7 +60,7 @@ function permuteRows(data, rows, heads) {
 function asGguf(dir, file) {
   const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'))
   const arch = GGUF_ARCH_NAME[cfg.model_type] ?? cfg.model_type
-  const names = { ...GGUF_LAYER, ...GGUF_ARCH[path.basename(dir)] }
+  const names = { ...GGUF_LAYER, ...(GGUF_ARCH[path.basename(dir)] ?? GGUF_ARCH[cfg.model_type]) }
   const tensors = Object.entries(readSafetensors(path.join(dir, 'model.safetensors'))).map(([name, t]) => {
     const top = { 'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight', 'model.norm.bias': 'output_norm.bias', 'lm_head.weight': 'output.weight' }
     let gguf = top[name]
@@ -106,13 +106,12 @@ function asGguf(dir, file) {
   if (arch === 'phi3' || arch === 'glm4') {
     kv[`${arch}.rope.dimension_count`] = Math.floor(headDim * (cfg.partial_rotary_factor ?? (arch === 'glm4' ? 0.5 : 1)))
   }
-  if (arch === 'phi3') {
-    kv['phi3.rope.scaling.original_context_length'] = cfg.original_max_position_embeddings
-    // LongRoPE's factors, as the converter's generate_extra_tensors writes them.
-    for (const which of ['long', 'short']) {
-      const f = cfg.rope_scaling?.[`${which}_factor`]
-      if (f) tensors.push({ name: `rope_factors_${which}.weight`, dims: [f.length], type: 0, data: Buffer.from(new Float32Array(f).buffer) })
-    }
+  if (arch === 'phi3') kv['phi3.rope.scaling.original_context_length'] = cfg.original_max_position_embeddings
+  // LongRoPE's factors, as the converters' generate_extra_tensors write them (MiniCPM's keep no
+  // trained length).
+  for (const which of ['long', 'short']) {
+    const f = cfg.rope_scaling?.[`${which}_factor`]
+    if (f) tensors.push({ name: `rope_factors_${which}.weight`, dims: [f.length], type: 0, data: Buffer.from(new Float32Array(f).buffer) })
   }
   if (arch === 'minicpm') {
     // The products llama.cpp's converter stores, computed in double precision as it does.
@@ -126,6 +125,31 @@ function asGguf(dir, file) {
   }
   writeGguf(file, kv, tensors)
 }
+
+test('MiniCPM with LongRoPE as a GGUF file runs as llama.cpp runs it: the short factors, no scaling', { timeout: 120_000 }, async () => {
+  // llama.cpp's converter keeps MiniCPM's factors but not the length they were trained for, and
+  // within its context llama.cpp uses the short ones without attention scaling: the same folder
+  // configured so (short factors as mlx-lm's long ones, the trained length the context) is the
+  // reference. The folder as published equals mlx-lm (architectures.test.js).
+  const src = fixture('tiny/minicpm_longrope')
+  const dir = tmpdir('gguf-minicpm-longrope')
+  const file = path.join(dir, 'minicpm.gguf')
+  asGguf(src, file)
+  const cfg = JSON.parse(fs.readFileSync(path.join(src, 'config.json'), 'utf8'))
+  const scaling = cfg.rope_scaling
+  cfg.rope_scaling = { ...scaling, long_factor: scaling.short_factor, original_max_position_embeddings: cfg.max_position_embeddings }
+  const folder = path.join(dir, 'as-llama-cpp')
+  fs.mkdirSync(folder)
+  fs.copyFileSync(path.join(src, 'model.safetensors'), path.join(folder, 'model.safetensors'))
+  fs.writeFileSync(path.join(folder, 'config.json'), JSON.stringify(cfg))
+  const [gguf, want] = [await mlx.loadModel(file), await mlx.loadModel(folder)]
+  try {
+    await assertSameLogits(gguf, want, ref.models.find((x) => x.name === 'minicpm_longrope').prompts, 1e-4)
+  } finally {
+    gguf.dispose()
+    want.dispose()
+  }
+})
 
 describe('architectures: GGUF files in llama.cpp\'s layout equal their folders', () => {
   for (const name of Object.keys(GGUF_ARCH)) {
@@ -143,6 +167,15 @@ describe('architectures: GGUF files in llama.cpp\'s layout equal their folders',
     })
   }
 })
+
+/** Two models' last-position logits on each prompt are within `bound` of each other. */
+async function assertSameLogits(a, b, prompts, bound) {
+  for (const p of prompts) {
+    const [x, y] = [await a.logits(p.ids), await b.logits(p.ids)]
+    const max = Math.max(...x.map((v, j) => Math.abs(v - y[j])))
+    assert.ok(max <= bound, `prompt of ${p.ids.length} ids: max |logit diff| ${max}`)
+  }
+}
 
 const f32Of = (t) => new Float32Array(t.data.buffer.slice(t.data.byteOffset, t.data.byteOffset + t.data.length))
 const bytes = (f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength)
@@ -298,11 +331,7 @@ test('Qwen3.5 GGUF: Q8_0 projections regroup their value heads inside the quanti
   const [a, b] = [await mlx.loadModel(files[0]), await mlx.loadModel(files[1])]
   try {
     assert.equal(a.config.raw.quantization.bits, 8)
-    for (const p of m.prompts) {
-      const [x, y] = [await a.logits(p.ids), await b.logits(p.ids)]
-      const max = Math.max(...x.map((v, j) => Math.abs(v - y[j])))
-      assert.ok(max <= 1e-3, `prompt of ${p.ids.length} ids: max |logit diff| ${max}`)
-    }
+    await assertSameLogits(a, b, m.prompts, 1e-3)
   } finally {
     a.dispose()
     b.dispose()
@@ -481,11 +510,7 @@ test('Gemma 4 GGUF: Q8_0 experts (gate and up fused) give the numbers of the sam
   const [a, b] = [await mlx.loadModel(quantized), await mlx.loadModel(values)]
   try {
     assert.equal(a.config.raw.quantization.bits, 8)
-    for (const p of m.prompts) {
-      const [x, y] = [await a.logits(p.ids), await b.logits(p.ids)]
-      const max = Math.max(...x.map((v, j) => Math.abs(v - y[j])))
-      assert.ok(max <= 1e-3, `prompt of ${p.ids.length} ids: max |logit diff| ${max}`)
-    }
+    await assertSameLogits(a, b, m.prompts, 1e-3)
   } finally {
     a.dispose()
     b.dispose()

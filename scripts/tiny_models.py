@@ -278,6 +278,16 @@ ARCHS = [
         "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096, "tie_word_embeddings": False,
     }),
+    # MiniCPM with LongRoPE (MiniCPM4, MiniCPM-2B-128k): mlx-lm's rope_utils reads the trained
+    # length from rope_scaling and scales by it (here 4096 over 1024).
+    ("minicpm_longrope", 2900, {
+        "model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "num_hidden_layers": 2,
+        "dim_model_base": 16, "scale_depth": 1.4, "scale_emb": 12.0, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_scaling": {"rope_type": "longrope", "original_max_position_embeddings": 1024,
+                         "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+                         "short_factor": [1.0, 1.1, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0]},
+    }),
     # Qwen3-Next as released (and as llama.cpp's qwen3next describes every file): experts in every
     # layer, renormalised top-k; full attention every second layer.
     ("qwen3_next_released", 2800, {

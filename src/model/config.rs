@@ -307,10 +307,16 @@ fn rope_scaling(raw: &Value, source: &Path) -> Result<Option<RopeScaling>> {
                 .map(|a| a.iter().filter_map(|v| v.as_f64().map(|v| v as f32)).collect())
                 .ok_or_else(|| Error::config(source, "rope_scaling.long_factor must be a list of numbers"))?;
             let top = |k: &str, d: f32| raw.get(k).and_then(Value::as_f64).map_or(d, |v| v as f32);
+            // mlx-lm's Phi-3 reads the trained length from the top level; every other model
+            // (rope_utils: MiniCPM, Llama) from rope_scaling, where it is required.
+            let original = match raw.get("model_type").and_then(Value::as_str) {
+                Some("phi3") => top("original_max_position_embeddings", 4096.0),
+                _ => num("original_max_position_embeddings", None)?,
+            };
             Ok(Some(RopeScaling::SuScaled {
                 long_factor,
                 max_position_embeddings: top("max_position_embeddings", 131072.0),
-                original_max_position_embeddings: top("original_max_position_embeddings", 4096.0),
+                original_max_position_embeddings: original,
             }))
         }
         other => Err(Error::config(source, format!("unsupported rope_scaling type '{other}'"))),

@@ -328,11 +328,11 @@ pub(super) fn partial_rotary_factor(m: &Meta, head_dim: u64) -> Result<f64> {
 }
 
 /// Tensors that are not the model's weights, which the loaders skip: configuration (Phi-3's
-/// LongRoPE factors, Gemma 4's partial-rotation factors), and Qwen3.5's multi-token-prediction layers after the model's `layers`
+/// and MiniCPM's LongRoPE factors, Gemma 4's partial-rotation factors), and Qwen3.5's multi-token-prediction layers after the model's `layers`
 /// (mlx-lm drops them too).
 pub(super) fn is_skipped(arch: Arch, layers: u64, name: &str) -> bool {
     match arch {
-        Arch::Phi3 => matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight"),
+        Arch::Phi3 | Arch::Minicpm => matches!(name, "rope_factors_long.weight" | "rope_factors_short.weight"),
         Arch::Gemma4 => name == gguf_gemma4::ROPE_FREQS,
         Arch::Qwen35 | Arch::Qwen35Moe => gguf_hybrid::is_prediction_layer(layers, name),
         _ => false,
@@ -353,20 +353,27 @@ fn phi3_config(m: &Meta) -> Result<Value> {
     cfg["partial_rotary_factor"] = json!(partial);
     let original = m.u64("rope.scaling.original_context_length").or(cfg["max_position_embeddings"].as_u64());
     cfg["original_max_position_embeddings"] = json!(original);
+    if let Some((long, short)) = longrope_factors(m, (head_dim as f64 * partial) as usize / 2)? {
+        cfg["rope_scaling"] = json!({"type": "longrope", "long_factor": long, "short_factor": short});
+    }
+    Ok(cfg)
+}
+
+/// LongRoPE's per-frequency factors (long, short), which llama.cpp's converter writes as two
+/// tensors, one per rotated frequency (`n`): both or neither.
+fn longrope_factors(m: &Meta, n: usize) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
     let factors = |name: &str| -> Result<Option<Vec<f32>>> {
         let Some(t) = m.g.tensor(name) else { return Ok(None) };
-        let n = (head_dim as f64 * partial) as usize / 2;
         if t.dims.len() != 1 || t.dims[0] != n as u64 {
             return Err(Error::tensor(name, format!("has shape {:?}, not the {n} factors of the rotated dimensions", t.dims)));
         }
         Ok(Some(quants::dequantize(name, t.kind, m.g.tensor_data(t)?, n)?))
     };
     match (factors("rope_factors_long.weight")?, factors("rope_factors_short.weight")?) {
-        (Some(long), Some(short)) => cfg["rope_scaling"] = json!({"type": "longrope", "long_factor": long, "short_factor": short}),
-        (None, None) => {}
-        _ => return Err(Error::config(m.path, "GGUF has one of rope_factors_long and rope_factors_short, not both")),
+        (Some(long), Some(short)) => Ok(Some((long, short))),
+        (None, None) => Ok(None),
+        _ => Err(Error::config(m.path, "GGUF has one of rope_factors_long and rope_factors_short, not both")),
     }
-    Ok(cfg)
 }
 
 /// GLM-4-0414: q/k/v biases (told by the tensors), RoPE over the first `rope.dimension_count`
@@ -399,8 +406,18 @@ fn smollm3_config(m: &Meta) -> Result<Value> {
 /// hidden / dim_model_base); mlx-lm's config fields are recovered from them. Files from older
 /// converters have none of the three: their runtime hardcoded every MiniCPM release's values
 /// (scale_emb 12, scale_depth 1.4, dim_model_base 256), which are the defaults here.
+///
+/// LongRoPE (MiniCPM4, MiniCPM-2B-128k): the converter keeps the factors but not the trained
+/// length they were fitted to, so the file runs as llama.cpp runs it within its context: the
+/// short factors and no attention scaling (mlx-lm's rope with the short factors as its long ones
+/// and the trained length equal to the context).
 fn minicpm_config(m: &Meta) -> Result<Value> {
-    let cfg = sizes(m, "attention.key_length", 1e-5)?;
+    let mut cfg = sizes(m, "attention.key_length", 1e-5)?;
+    let rotated = cfg["hidden_size"].as_u64().unwrap_or(0) / cfg["num_attention_heads"].as_u64().unwrap_or(1) / 2;
+    if let Some((_, short)) = longrope_factors(m, rotated as usize)? {
+        let context = cfg["max_position_embeddings"].as_u64().ok_or_else(|| Error::config(m.path, format!("LongRoPE needs {}", m.key("context_length"))))?;
+        cfg["rope_scaling"] = json!({"type": "longrope", "long_factor": short, "short_factor": short, "original_max_position_embeddings": context});
+    }
     let layers = cfg["num_hidden_layers"].as_u64().unwrap_or(1) as f64;
     let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f64;
     let positive = |k: &str, default: f64| -> Result<f64> {
