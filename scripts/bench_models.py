@@ -4,7 +4,7 @@ checkpoint here carries, made with mlx-lm's own classes and given SmolLM2's toke
 engines load them as they would a downloaded folder:
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
-        .venv/bin/python scripts/bench_models.py OUT_DIR [SMOLLM2_FOLDER]
+        .venv/bin/python scripts/bench_models.py OUT_DIR [SMOLLM2_FOLDER [NAME,NAME...]]
 
 OUT_DIR/<name> for each entry of MODELS (f32 safetensors, config.json, tokenizer files). f32:
 MLX's CPU backend multiplies gathered experts (`gather_mm`) in float32 only; a bf16 MoE fails
@@ -89,13 +89,43 @@ MODELS = {
     },
 }
 
+# The generic dense families, one shape for all: 8 layers, hidden 512, 8 heads of 64 (4 KV
+# heads), MLP 1536: ~85M parameters with SmolLM2's vocabulary. Each family's own settings beside.
+DENSE = {
+    "hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1536, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
+    "max_position_embeddings": 32768, "torch_dtype": "float32", "eos_token_id": 2, "bos_token_id": 1,
+}
+for name, extra in {
+    "gemma": {"architectures": ["GemmaForCausalLM"], "rope_theta": 10000.0, "hidden_act": "gelu"},
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "query_pre_attn_scalar": 64, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh"},
+    "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+                "tie_word_embeddings": True},
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"], "rope_theta": 500000.0, "tie_word_embeddings": False},
+    "glm4": {"architectures": ["Glm4ForCausalLM"], "partial_rotary_factor": 0.5, "attention_bias": True,
+             "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "granite": {"architectures": ["GraniteForCausalLM"], "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "logits_scaling": 8.0, "attention_bias": False, "mlp_bias": False,
+                "rope_theta": 10000.0, "tie_word_embeddings": True},
+    "starcoder2": {"architectures": ["Starcoder2ForCausalLM"], "norm_epsilon": 1e-5, "rope_theta": 100000.0,
+                   "tie_word_embeddings": True},
+    # Untied: mlx-lm 0.32.2 cannot load a tied MiniCPM.
+    "minicpm": {"architectures": ["MiniCPMForCausalLM"], "dim_model_base": 256, "scale_depth": 1.4, "scale_emb": 12.0,
+                "rope_theta": 10000.0, "tie_word_embeddings": False},
+}.items():
+    MODELS[name] = {**DENSE, "model_type": name, **extra}
+
 
 def main(argv):
-    if len(argv) not in (2, 3):
+    if len(argv) not in (2, 3, 4):
         raise SystemExit(__doc__)
     out = Path(argv[1])
     tokenizer = Path(argv[2]) if len(argv) == 3 else Path(__file__).resolve().parent.parent / "fixtures" / "smollm2-f32"
+    only = set(argv[3].split(",")) if len(argv) == 4 else None
     for name, cfg in MODELS.items():
+        if only and name not in only:
+            continue
         path = out / name
         path.mkdir(parents=True, exist_ok=True)
         mx.random.seed(0)
