@@ -36,13 +36,18 @@ pub(super) fn config(arch: Arch, m: &Meta) -> Result<Value> {
     if inner % v_heads != 0 {
         return Err(Error::config(m.path, format!("{} {inner} is not a multiple of {} {v_heads}", m.key("ssm.inner_size"), m.key("ssm.time_step_rank"))));
     }
+    let k_heads = m.count("ssm.group_count", MAX_HEADS)?;
+    // Each key head serves the same number of value heads (regrouping them below relies on it).
+    if v_heads % k_heads != 0 {
+        return Err(Error::config(m.path, format!("{} {v_heads} is not a multiple of {} {k_heads}", m.key("ssm.time_step_rank"), m.key("ssm.group_count"))));
+    }
     let head_dim = cfg["head_dim"].as_u64().unwrap_or(1);
     let partial = partial_rotary_factor(m, head_dim)?;
     let theta = m.f32("rope.freq_base").unwrap_or(10000.0);
     cfg = with(cfg, json!({
         "linear_conv_kernel_dim": m.count("ssm.conv_kernel", 64)?,
         "linear_key_head_dim": m.count("ssm.state_size", MAX_WIDTH)?,
-        "linear_num_key_heads": m.count("ssm.group_count", MAX_HEADS)?,
+        "linear_num_key_heads": k_heads,
         "linear_num_value_heads": v_heads,
         "linear_value_head_dim": inner / v_heads,
         "full_attention_interval": m.u64("full_attention_interval").unwrap_or(4),
@@ -218,6 +223,7 @@ mod tests {
         assert!(refused("nextn_predict_layers", 5).contains("nextn_predict_layers"));
         assert!(refused("ssm.inner_size", 102).contains("ssm.inner_size"));
         assert!(refused("ssm.time_step_rank", 0).contains("ssm.time_step_rank"));
+        assert!(refused("ssm.time_step_rank", 1).contains("not a multiple of qwen35moe.ssm.group_count"));
     }
 
     fn cfg(k_heads: usize, v_heads: usize) -> ModelConfig {
