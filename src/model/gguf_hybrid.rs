@@ -142,10 +142,14 @@ pub(super) fn group_heads(arch: Arch, cfg: &ModelConfig, name: &str, data: &[u8]
         return Ok(None);
     }
     let Some(place) = heads(cfg, name) else { return Ok(None) };
+    let bad = |why: String| Error::tensor(name, why);
+    // The header was checked for this; `source` below stays within the heads only so.
+    if v_heads % k_heads != 0 {
+        return Err(bad(format!("{v_heads} value heads are not a multiple of {k_heads} key heads")));
+    }
     let r = v_heads / k_heads;
     // Grouped head h is value h % r of key head h / r, stored at (h % r)·key_heads + h / r.
     let source = |h: usize| (h % r) * k_heads + h / r;
-    let bad = |why: String| Error::tensor(name, why);
     if rows == 0 || data.len() % rows != 0 {
         return Err(bad(format!("{} bytes do not split into {rows} rows", data.len())));
     }

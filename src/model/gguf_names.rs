@@ -28,6 +28,8 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
     if blk != "blk" {
         return None;
     }
+    // Qwen3-Next and Qwen3.5 share llama.cpp's names.
+    let hybrid = matches!(arch, Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe);
     let module = match (arch, base) {
         (_, "attn_norm") => "input_layernorm",
         (Arch::Llama | Arch::Granite | Arch::Gemma | Arch::Starcoder2 | Arch::Qwen2 | Arch::Phi3 | Arch::Smollm3 | Arch::Glm4 | Arch::Minicpm, "ffn_norm") => {
@@ -40,86 +42,60 @@ pub(super) fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
         // first), kept fused as mlx-lm keeps them.
         (Arch::Phi3, "attn_qkv") => "self_attn.qkv_proj",
         (Arch::Phi3 | Arch::Glm4, "ffn_up") => "mlp.gate_up_proj",
-        // Gemma 2 and 3 norm before and after attention and the MLP, OLMo 2 only after.
-        (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_attention_norm") => "post_attention_layernorm",
-        (Arch::Gemma2 | Arch::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
-        (Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2, "post_ffw_norm") => "post_feedforward_layernorm",
-        (Arch::Gemma3 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe, "attn_q_norm") => "self_attn.q_norm",
-        (Arch::Gemma3 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe, "attn_k_norm") => "self_attn.k_norm",
+        // Gemma 2, 3 and 4 norm before and after attention and the MLP; OLMo 2, Qwen3-Next and
+        // Qwen3.5 only after attention (OLMo 2 also after the MLP).
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 | Arch::Olmo2 | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "post_attention_norm") => {
+            "post_attention_layernorm"
+        }
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4, "ffn_norm") => "pre_feedforward_layernorm",
+        (Arch::Gemma2 | Arch::Gemma3 | Arch::Gemma4 | Arch::Olmo2, "post_ffw_norm") => "post_feedforward_layernorm",
+        (Arch::Gemma3 | Arch::Gemma4 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "attn_q_norm") => {
+            "self_attn.q_norm"
+        }
+        (Arch::Gemma3 | Arch::Gemma4 | Arch::Olmo2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "attn_k_norm") => {
+            "self_attn.k_norm"
+        }
         (Arch::Qwen3 | Arch::Qwen3Moe, "ffn_norm") => "post_attention_layernorm",
-        // Qwen3-MoE's router and its experts, stacked [experts, out, in] as mlx-lm's switch_mlp.
-        (Arch::Qwen3Moe, "ffn_gate_inp") => "mlp.gate",
-        (Arch::Qwen3Moe, "ffn_gate_exps") => "mlp.switch_mlp.gate_proj",
-        (Arch::Qwen3Moe, "ffn_up_exps") => "mlp.switch_mlp.up_proj",
-        (Arch::Qwen3Moe, "ffn_down_exps") => "mlp.switch_mlp.down_proj",
-        // Qwen3-Next and Qwen3.5: norms after attention; the linear-attention layers' tensors
-        // (llama.cpp's "ssm" names; gguf_hybrid.rs restores their values and layouts), and the
-        // experts with their gated shared expert.
-        (Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, name) => match name {
-            "post_attention_norm" => "post_attention_layernorm",
-            "attn_q_norm" => "self_attn.q_norm",
-            "attn_k_norm" => "self_attn.k_norm",
-            "attn_qkv" => "linear_attn.in_proj_qkv",
-            "attn_gate" => "linear_attn.in_proj_z",
-            // Files converted before llama.cpp split it: Qwen3-Next's own fused projection.
-            "ssm_in" => "linear_attn.in_proj_qkvz",
-            "ssm_ba" => "linear_attn.in_proj_ba",
-            "ssm_beta" => "linear_attn.in_proj_b",
-            "ssm_alpha" => "linear_attn.in_proj_a",
-            "ssm_conv1d" => "linear_attn.conv1d",
-            "ssm_norm" => "linear_attn.norm",
-            "ssm_out" => "linear_attn.out_proj",
-            "ssm_dt" if suffix == "bias" => return Some(format!("model.layers.{i}.linear_attn.dt_bias")),
-            "ssm_a" if suffix.is_empty() => return Some(format!("model.layers.{i}.linear_attn.A_log")),
-            "ffn_gate_inp" => "mlp.gate",
-            "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
-            "ffn_up_exps" => "mlp.switch_mlp.up_proj",
-            "ffn_down_exps" => "mlp.switch_mlp.down_proj",
-            "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
-            "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
-            "ffn_up_shexp" => "mlp.shared_expert.up_proj",
-            "ffn_down_shexp" => "mlp.shared_expert.down_proj",
-            "attn_q" => "self_attn.q_proj",
-            "attn_k" => "self_attn.k_proj",
-            "attn_v" => "self_attn.v_proj",
-            "attn_output" => "self_attn.o_proj",
-            "ffn_gate" => "mlp.gate_proj",
-            "ffn_up" => "mlp.up_proj",
-            "ffn_down" => "mlp.down_proj",
-            _ => return None,
-        },
-        // Gemma 4: Gemma 3's four norms, and in its MoE layers the dense MLP's post-norm (_1), the
-        // experts' pre- and post-norms (_2), the router (its projection and input scale; the
-        // experts' output scales stored beside the down projections), the experts with gate and
-        // up fused (gate rows first); each layer's per-layer-input gate, projection and norm; a
-        // learned output scalar.
-        (Arch::Gemma4, name) => match (name, suffix) {
-            ("post_attention_norm", _) => "post_attention_layernorm",
-            ("ffn_norm", _) => "pre_feedforward_layernorm",
-            ("post_ffw_norm", _) => "post_feedforward_layernorm",
-            ("post_ffw_norm_1", _) => "post_feedforward_layernorm_1",
-            ("pre_ffw_norm_2", _) => "pre_feedforward_layernorm_2",
-            ("post_ffw_norm_2", _) => "post_feedforward_layernorm_2",
-            ("attn_q_norm", _) => "self_attn.q_norm",
-            ("attn_k_norm", _) => "self_attn.k_norm",
-            ("ffn_gate_inp", "weight") => "router.proj",
-            ("ffn_gate_inp", "scale") => return Some(format!("model.layers.{i}.router.scale")),
-            ("ffn_down_exps", "scale") => return Some(format!("model.layers.{i}.router.per_expert_scale")),
-            ("ffn_gate_up_exps", _) => "experts.switch_glu.gate_up_proj",
-            ("ffn_down_exps", _) => "experts.switch_glu.down_proj",
-            ("inp_gate", _) => "per_layer_input_gate",
-            ("proj", _) => "per_layer_projection",
-            ("post_norm", _) => "post_per_layer_input_norm",
-            ("layer_output_scale", "weight") => return Some(format!("model.layers.{i}.layer_scalar")),
-            ("attn_q", _) => "self_attn.q_proj",
-            ("attn_k", _) => "self_attn.k_proj",
-            ("attn_v", _) => "self_attn.v_proj",
-            ("attn_output", _) => "self_attn.o_proj",
-            ("ffn_gate", _) => "mlp.gate_proj",
-            ("ffn_up", _) => "mlp.up_proj",
-            ("ffn_down", _) => "mlp.down_proj",
-            _ => return None,
-        },
+        // Qwen3-MoE's, Qwen3-Next's and Qwen3.5's routers and experts, stacked [experts, out, in]
+        // as mlx-lm's switch_mlp, and the latter two's gated shared expert.
+        (Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "ffn_gate_inp") => "mlp.gate",
+        (Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "ffn_gate_exps") => "mlp.switch_mlp.gate_proj",
+        (Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "ffn_up_exps") => "mlp.switch_mlp.up_proj",
+        (Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35 | Arch::Qwen35Moe, "ffn_down_exps") => "mlp.switch_mlp.down_proj",
+        (_, "ffn_gate_inp_shexp") if hybrid => "mlp.shared_expert_gate",
+        (_, "ffn_gate_shexp") if hybrid => "mlp.shared_expert.gate_proj",
+        (_, "ffn_up_shexp") if hybrid => "mlp.shared_expert.up_proj",
+        (_, "ffn_down_shexp") if hybrid => "mlp.shared_expert.down_proj",
+        // Qwen3-Next's and Qwen3.5's linear-attention layers (llama.cpp's "ssm" names;
+        // gguf_hybrid.rs restores their values and layouts).
+        (_, "attn_qkv") if hybrid => "linear_attn.in_proj_qkv",
+        (_, "attn_gate") if hybrid => "linear_attn.in_proj_z",
+        // Files converted before llama.cpp split it: Qwen3-Next's own fused projection.
+        (_, "ssm_in") if hybrid => "linear_attn.in_proj_qkvz",
+        (_, "ssm_ba") if hybrid => "linear_attn.in_proj_ba",
+        (_, "ssm_beta") if hybrid => "linear_attn.in_proj_b",
+        (_, "ssm_alpha") if hybrid => "linear_attn.in_proj_a",
+        (_, "ssm_conv1d") if hybrid => "linear_attn.conv1d",
+        (_, "ssm_norm") if hybrid => "linear_attn.norm",
+        (_, "ssm_out") if hybrid => "linear_attn.out_proj",
+        (_, "ssm_dt") if hybrid && suffix == "bias" => return Some(format!("model.layers.{i}.linear_attn.dt_bias")),
+        (_, "ssm_a") if hybrid && suffix.is_empty() => return Some(format!("model.layers.{i}.linear_attn.A_log")),
+        // Gemma 4's MoE layers: the dense MLP's post-norm (_1), the experts' pre- and post-norms
+        // (_2), the router (its projection and input scale; the experts' output scales stored
+        // beside the down projections), the experts with gate and up fused (gate rows first);
+        // each layer's per-layer-input gate, projection and norm; a learned output scalar.
+        (Arch::Gemma4, "post_ffw_norm_1") => "post_feedforward_layernorm_1",
+        (Arch::Gemma4, "pre_ffw_norm_2") => "pre_feedforward_layernorm_2",
+        (Arch::Gemma4, "post_ffw_norm_2") => "post_feedforward_layernorm_2",
+        (Arch::Gemma4, "ffn_gate_inp") if suffix == "weight" => "router.proj",
+        (Arch::Gemma4, "ffn_gate_inp") if suffix == "scale" => return Some(format!("model.layers.{i}.router.scale")),
+        (Arch::Gemma4, "ffn_down_exps") if suffix == "scale" => return Some(format!("model.layers.{i}.router.per_expert_scale")),
+        (Arch::Gemma4, "ffn_down_exps") => "experts.switch_glu.down_proj",
+        (Arch::Gemma4, "ffn_gate_up_exps") => "experts.switch_glu.gate_up_proj",
+        (Arch::Gemma4, "inp_gate") => "per_layer_input_gate",
+        (Arch::Gemma4, "proj") => "per_layer_projection",
+        (Arch::Gemma4, "post_norm") => "post_per_layer_input_norm",
+        (Arch::Gemma4, "layer_output_scale") if suffix == "weight" => return Some(format!("model.layers.{i}.layer_scalar")),
         // StarCoder 2's plain MLP.
         (Arch::Starcoder2, "ffn_up") => "mlp.c_fc",
         (Arch::Starcoder2, "ffn_down") => "mlp.c_proj",
