@@ -142,31 +142,38 @@ test('MiniCPM with LongRoPE as a GGUF file runs as llama.cpp runs it: the short 
   fs.mkdirSync(folder)
   fs.copyFileSync(path.join(src, 'model.safetensors'), path.join(folder, 'model.safetensors'))
   fs.writeFileSync(path.join(folder, 'config.json'), JSON.stringify(cfg))
-  const [gguf, want] = [await mlx.loadModel(file), await mlx.loadModel(folder)]
-  try {
-    await assertSameLogits(gguf, want, ref.models.find((x) => x.name === 'minicpm_longrope').prompts, 1e-4)
-  } finally {
-    gguf.dispose()
-    want.dispose()
-  }
+  const prompts = ref.models.find((x) => x.name === 'minicpm_longrope').prompts
+  await withModels([file, folder], ([gguf, want]) => assertSameLogits(gguf, want, prompts, 1e-4))
 })
 
 describe('architectures: GGUF files in llama.cpp\'s layout equal their folders', () => {
-  for (const name of Object.keys(GGUF_ARCH)) {
-    test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
-      const m = ref.models.find((x) => x.name === name)
-      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
-      asGguf(fixture(`tiny/${name}`), file)
-      const model = await mlx.loadModel(file)
-      try {
-        assert.equal(model.config.modelType, m.model_type)
-        await assertLikeReference(model, m, `${name} GGUF`)
-      } finally {
-        model.dispose()
-      }
-    })
-  }
+  for (const name of Object.keys(GGUF_ARCH)) ggufGivesReference(name, asGguf)
 })
+
+/** Loads each of `paths`, runs `check` on the models, and disposes of them. */
+async function withModels(paths, check) {
+  const models = []
+  try {
+    for (const p of paths) models.push(await mlx.loadModel(p))
+    await check(models)
+  } finally {
+    for (const m of models) m.dispose()
+  }
+}
+
+/** Tiny model `name` written as a GGUF file by `write(folder, file)` loads as `modelType` and
+ * gives mlx-lm's logits and tokens. */
+function ggufGivesReference(name, write, modelType, what = name) {
+  test(`${what} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
+    const m = ref.models.find((x) => x.name === name)
+    const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
+    write(fixture(`tiny/${name}`), file)
+    await withModels([file], async ([model]) => {
+      assert.equal(model.config.modelType, modelType ?? m.model_type)
+      await assertLikeReference(model, m, `${what} GGUF`)
+    })
+  })
+}
 
 /** Two models' last-position logits on each prompt are within `bound` of each other. */
 async function assertSameLogits(a, b, prompts, bound) {
@@ -328,14 +335,10 @@ test('Qwen3.5 GGUF: Q8_0 projections regroup their value heads inside the quanti
   hybridAsGguf(fixture('tiny/qwen3_5'), files[0], { q8 })
   hybridAsGguf(fixture('tiny/qwen3_5'), files[1], { q8, q8Values: true })
   hybridAsGguf(fixture('tiny/qwen3_5'), files[2], { q8: ['ssm_out.weight'] })
-  const [a, b] = [await mlx.loadModel(files[0]), await mlx.loadModel(files[1])]
-  try {
+  await withModels(files.slice(0, 2), async ([a, b]) => {
     assert.equal(a.config.raw.quantization.bits, 8)
     await assertSameLogits(a, b, m.prompts, 1e-3)
-  } finally {
-    a.dispose()
-    b.dispose()
-  }
+  })
   await assert.rejects(mlx.loadModel(files[2]), (e) => e.code === 'INVALID_TENSOR' && /ssm_out.*value heads of 16 columns/.test(e.message))
 })
 
@@ -348,18 +351,7 @@ describe('architectures: Qwen3-Next and Qwen3.5 GGUF files in llama.cpp\'s layou
   ]
   for (const [name, opts] of cases) {
     const what = `${name}${opts.legacy ? ' (fused q/k/v/z, before llama.cpp split it)' : ''}${opts.prediction ? ' (with a prediction layer)' : ''}`
-    test(`${what} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
-      const m = ref.models.find((x) => x.name === name)
-      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
-      hybridAsGguf(fixture(`tiny/${name}`), file, opts)
-      const model = await mlx.loadModel(file)
-      try {
-        assert.equal(model.config.modelType, m.model_type)
-        await assertLikeReference(model, m, `${what} GGUF`)
-      } finally {
-        model.dispose()
-      }
-    })
+    ggufGivesReference(name, (dir, file) => hybridAsGguf(dir, file, opts), undefined, what)
   }
 })
 
@@ -483,20 +475,7 @@ function gemma4AsGguf(dir, file, { experts = 'f32' } = {}) {
 describe('architectures: Gemma 4 GGUF files in llama.cpp\'s layout equal their folders', () => {
   // E2B/E4B-like (per-layer inputs, KV shared, double-wide MLPs), 26B-A4B-like (experts, keys as
   // values with their own KV head count), all full-sized heads, and the multimodal checkpoint.
-  for (const name of ['gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']) {
-    test(`${name} as a GGUF file gives mlx-lm's logits and tokens`, { timeout: 120_000 }, async () => {
-      const m = ref.models.find((x) => x.name === name)
-      const file = path.join(tmpdir(`gguf-${name}`), `${name}.gguf`)
-      gemma4AsGguf(fixture(`tiny/${name}`), file)
-      const model = await mlx.loadModel(file)
-      try {
-        assert.equal(model.config.modelType, 'gemma4_text')
-        await assertLikeReference(model, m, `${name} GGUF`)
-      } finally {
-        model.dispose()
-      }
-    })
-  }
+  for (const name of ['gemma4_text', 'gemma4_text_moe', 'gemma4_text_full', 'gemma4']) ggufGivesReference(name, gemma4AsGguf, 'gemma4_text')
 })
 
 test('Gemma 4 GGUF: Q8_0 experts (gate and up fused) give the numbers of the same values in f32', { timeout: 120_000 }, async () => {
@@ -507,12 +486,8 @@ test('Gemma 4 GGUF: Q8_0 experts (gate and up fused) give the numbers of the sam
   const [quantized, values] = [path.join(dir, 'q8.gguf'), path.join(dir, 'values.gguf')]
   gemma4AsGguf(fixture('tiny/gemma4_text_moe'), quantized, { experts: 'q8_0' })
   gemma4AsGguf(fixture('tiny/gemma4_text_moe'), values, { experts: 'q8_0-values' })
-  const [a, b] = [await mlx.loadModel(quantized), await mlx.loadModel(values)]
-  try {
+  await withModels([quantized, values], async ([a, b]) => {
     assert.equal(a.config.raw.quantization.bits, 8)
     await assertSameLogits(a, b, m.prompts, 1e-3)
-  } finally {
-    a.dispose()
-    b.dispose()
-  }
+  })
 })
