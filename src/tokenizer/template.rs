@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Kwargs, ValueKind};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde, ValueKind};
 use minijinja::{Environment, ErrorKind, State, Value};
 use serde_json::{Map, Value as Json};
 
@@ -63,8 +64,10 @@ impl ThinkingFormat {
     }
 }
 
-/// Instructions one render may run (minijinja's fuel): about a second of work.
-const TEMPLATE_FUEL: u64 = 20_000_000;
+/// What one render may spend (minijinja's fuel): one unit per instruction and per 64 bytes of
+/// data the template creates, so at most ~0.15 s of work and ~256 MB of strings. A conversation of
+/// 1 000 messages with 30 tools spends ~33 000 through a ChatML tools template.
+const TEMPLATE_FUEL: u64 = 4_000_000;
 
 impl ChatTemplate {
     /// Compiles `source`; syntax errors are reported here rather than on first use.
@@ -76,10 +79,15 @@ impl ChatTemplate {
         let mut env = Environment::new();
         // transformers renders with jinja2's trim_blocks and lstrip_blocks; templates are
         // written for that whitespace handling.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        // A template is a model file's code: a loop without end must fail, not hang the caller.
-        // Real chat templates spend a few thousand instructions per message.
+        env.set_syntax(
+            SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(template_error)?,
+        );
+        // A template is a model file's code: a loop without end, or a string doubled forty
+        // times, must fail, not hang the caller or take its memory.
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(python_formatter);
@@ -164,14 +172,14 @@ impl ChatTemplate {
         ctx.insert("eos_token", self.eos_token.as_deref().into());
         // Like transformers' keyword arguments, extras may override the special tokens.
         for (k, v) in &opts.extra {
-            ctx.insert(k, Value::from_serialize(v));
+            ctx.insert(k, Value::from(Serde(v)));
         }
-        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("messages", Value::from(Serde(messages)));
         ctx.insert(
             "tools",
             opts.tools
                 .as_ref()
-                .map(Value::from_serialize)
+                .map(|t| Value::from(Serde(t)))
                 .unwrap_or(Value::from(())),
         );
         ctx.insert("documents", Value::from(()));
@@ -221,7 +229,7 @@ fn template_error(e: minijinja::Error) -> Error {
 /// against jinja2.
 fn python_formatter(
     out: &mut minijinja::Output,
-    state: &State,
+    state: &mut State,
     value: &Value,
 ) -> std::result::Result<(), minijinja::Error> {
     match value.kind() {
@@ -242,6 +250,7 @@ fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> 
 /// compact separators and HTML-escaped `<`, `>`, `&` and `'`, which would change tool schemas in
 /// the prompt.
 fn tojson(
+    state: &State,
     value: &Value,
     ensure_ascii: Option<Value>,
     indent: Option<Value>,
@@ -254,7 +263,11 @@ fn tojson(
         Some(v) if v.is_none() => None,
         Some(v) => Some(match v.as_str() {
             Some(s) => s.to_owned(),
-            None => " ".repeat(usize::try_from(v)?),
+            None => {
+                let width = usize::try_from(v)?;
+                charge(state, width)?;
+                " ".repeat(width)
+            }
         }),
         None => None,
     };
@@ -275,6 +288,8 @@ fn tojson(
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     kwargs.assert_all_used()?;
     let mut json = PyJson {
+        state,
+        charged: 0,
         out: String::new(),
         indent,
         item_sep,
@@ -286,8 +301,20 @@ fn tojson(
     Ok(Value::from_safe_string(json.out))
 }
 
+/// Charges a render's fuel for `bytes` of data a filter creates, at minijinja's own rate (one
+/// fuel per 64 bytes), so that a template's memory stays bounded by its fuel: minijinja charges a
+/// custom filter only for the value it returns, once it has been built.
+fn charge(state: &State, bytes: usize) -> std::result::Result<(), minijinja::Error> {
+    state.consume_fuel(bytes as u64 / 64)
+}
+
 /// A writer for `json.dumps` output: the same separators, indentation and number formats.
-struct PyJson {
+struct PyJson<'s, 't, 'e> {
+    /// The render, charged for the output as it grows (`tojson(indent=10**9)` on a deep value
+    /// must run out of fuel, not out of memory).
+    state: &'s State<'t, 'e>,
+    /// Bytes of `out` already charged.
+    charged: usize,
     out: String,
     indent: Option<String>,
     item_sep: String,
@@ -296,7 +323,7 @@ struct PyJson {
     ensure_ascii: bool,
 }
 
-impl PyJson {
+impl PyJson<'_, '_, '_> {
     fn value(&mut self, v: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
         match v.kind() {
             // jinja2's Undefined is not serializable; null is the forgiving reading.
@@ -346,23 +373,31 @@ impl PyJson {
             if i > 0 {
                 self.out.push_str(&self.item_sep);
             }
-            self.newline(depth + 1);
+            self.newline(depth + 1)?;
             write(self, item, depth + 1)?;
+            // Whole 64-byte units only, so that small items add up.
+            let grown = (self.out.len() - self.charged) / 64 * 64;
+            charge(self.state, grown)?;
+            self.charged += grown;
             empty = false;
         }
         // Python writes empty containers as [] and {} even when indenting.
         if !empty {
-            self.newline(depth);
+            self.newline(depth)?;
         }
         self.out.push(close);
         Ok(())
     }
 
-    fn newline(&mut self, depth: usize) {
+    fn newline(&mut self, depth: usize) -> std::result::Result<(), minijinja::Error> {
         if let Some(indent) = &self.indent {
+            let width = indent.len().saturating_mul(depth);
+            charge(self.state, width)?;
+            self.charged += width;
             self.out.push('\n');
             self.out.push_str(&indent.repeat(depth));
         }
+        Ok(())
     }
 
     fn string(&mut self, s: &str) {

@@ -270,3 +270,31 @@ fn real_smollm2_template() {
                     <|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(out, expected);
 }
+
+/// Templates are a model file's code: whatever they build, a render's fuel bounds it, so a hostile
+/// one fails with a template error instead of taking the host's memory (minijinja ≥ 3 charges
+/// fuel for the data a template creates, about one unit per 64 bytes; our `tojson` charges its
+/// output the same way).
+#[test]
+fn hostile_templates_run_out_of_fuel_not_memory() {
+    let hostile = [
+        // Doubling a string: 2^40 bytes after 40 turns of a cheap loop.
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+        // tojson's indentation, from an untrusted width, on a deep value.
+        "{{ [[[[[[[[1]]]]]]]] | tojson(indent=1000000000) }}",
+        "{{ [[[[[[[[1]]]]]]]] | tojson(indent=' ' * 10000000) }}",
+        // An endless loop.
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    ];
+    for source in hostile {
+        let start = std::time::Instant::now();
+        let err = render(source, json!([]), &RenderOptions::default()).unwrap_err();
+        assert!(matches!(&err, Error::Template(_)), "{source}: {err:?}");
+        assert!(start.elapsed().as_secs() < 10, "{source}: {:?}", start.elapsed());
+    }
+    // The same constructs at sizes real templates use still render.
+    assert_eq!(render_one("{% set ns = namespace(s='ab') %}{% for i in range(10) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}"), "2048");
+    assert_eq!(render_one("{{ [[1]] | tojson(indent=4) }}"), "[\n    [\n        1\n    ]\n]");
+}
+
