@@ -214,14 +214,16 @@ export interface LoadOptions {
    * Which dense weight matrices are held transposed in f32 for their matmuls (Rust:
    * `model::weights::F32Matmuls`). On MLX's CPU backend f32 matmuls run through BLAS, while
    * bf16/f16 ones use MLX's own, several times slower kernel.
-   * - `'auto'` (default): on the CPU backend, the matrices stored in f32 (same results bit for bit,
-   *   faster); on Metal, none.
-   * - `'all'`: bf16 and f16 matrices too, and quantized matrices keep their packed weights with
-   *   scales and biases in f32 (MLX's CPU kernel for half-precision scales and activations is
-   *   7–35× slower than its f32 one). Several times faster on the CPU backend (dense matrices at
-   *   twice their memory, quantized ones at one more bit per weight), but rounding differs from
-   *   MLX's half-precision kernels, so tokens can differ from mlx-lm's (`mlx-bun eval kl
-   *   --f32-matmuls all` measures what it costs).
+   * - `'auto'` (default): every matrix as stored, as mlx-lm multiplies it, on every backend (a
+   *   faster layout is used only where it is proven bit-identical; none is today).
+   * - `'all'`: bf16 and f16 matrices held transposed in f32, and quantized matrices keep their
+   *   packed weights with scales and biases in f32 (MLX's CPU kernel for half-precision scales and
+   *   activations is 7–35× slower than its f32 one); on the CPU backend a quantized product of 4
+   *   rows or more (prefill, batched decode) dequantizes its matrix and goes through BLAS (MLX's
+   *   CPU quantized kernel works row by row: a GGUF's prefill 19 → 181 tokens/s). Several times
+   *   faster on the CPU backend (dense matrices at twice their memory, quantized ones at one more
+   *   bit per weight), but rounding differs from MLX's kernels, so tokens can differ from
+   *   mlx-lm's (`mlx-bun eval kl --f32-matmuls all` measures what it costs).
    * - `'none'`: every matrix as stored.
    * Another value rejects with `INVALID_OPTION`.
    */
