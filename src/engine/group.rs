@@ -21,7 +21,6 @@ use super::caller_cache::CallerCaches;
 use super::memory::{MemoryBudget, Verdict};
 use crate::cache::PrefixCache;
 use crate::error::{Error, Result};
-use crate::mlx::blas;
 
 /// The shortest common prompt prefix that rows preparing together prefill once: shorter ones
 /// (a chat template's first tokens) are not worth a snapshot. A default system prompt is: eight
@@ -154,9 +153,6 @@ impl Group {
         let mut stepped = 0;
         for (i, d) in self.drivers.iter_mut().enumerate() {
             if pick(i, d) {
-                if stepped == 0 {
-                    blas::fit(1);
-                }
                 d.step(&model, &self.prefix, &self.caller_caches);
                 stepped += 1;
             }
@@ -240,7 +236,6 @@ impl Group {
             let n = per_row.min((left / k).max(1));
             left = left.saturating_sub(n * k);
             prefilled = true;
-            blas::fit(k * n);
             if k > 1 {
                 BATCHED_PREFILLS.fetch_add(1, Ordering::Relaxed);
                 PREFILL_ROWS.fetch_add(k as u64, Ordering::Relaxed);
@@ -311,7 +306,6 @@ impl Group {
     fn step_batch(&mut self, members: &[usize]) {
         BATCHED_STEPS.fetch_add(1, Ordering::Relaxed);
         BATCHED_ROWS.fetch_add(members.len() as u64, Ordering::Relaxed);
-        blas::fit(members.len());
         self.run_batch(members, 1);
     }
 
@@ -456,7 +450,6 @@ impl ExecutionGroup for Group {
             && self.next_preparation_tokens() <= self.max_iteration_tokens()
     }
     fn advance_task(&mut self) {
-        blas::fit(1);
         self.tasks.advance();
         self.worked = true;
     }
