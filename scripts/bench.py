@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Benchmark mlx-bun against mlx-lm 0.32.2 on the same machine, libmlx and BLAS.
+"""Benchmark mlx-bun against its peer on the same machine: mlx-lm 0.32.2 (same libmlx and BLAS)
+for a model folder, node-llama-cpp (its prebuilt CPU binary, scripts/peers/) for a GGUF file.
 
     .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3]
-                                      [--f32-matmuls auto|all|none] [--prefill-chunk-size 2048] MODEL...
+                                      [--f32-matmuls auto|all|none ...] [--prefill-chunk-size 2048]
+                                      [--threads N] MODEL[@PROMPT/GEN]...
 
-For each model folder and prompt length it runs, each in a fresh process: `mlx-bun bench`
-(target/release/mlx-bun) and the same workload through mlx_lm's generate_step, then prints one
-table with medians and the ratio mlx-bun / mlx-lm. Both sides measure alike: TTFT = prompt
-submitted → first token ready; prefill tok/s = prompt tokens / TTFT; decode tok/s = generated
-tokens / time since the first token; peak RSS of the process. Asserts nothing.
+For each model and prompt length it runs, each in a fresh process: `mlx-bun bench`
+(target/release/mlx-bun), once per `--f32-matmuls` value, and the same workload through the peer
+(mlx_lm's generate_step, or node-llama-cpp's sequence evaluation with N threads, default the
+machine's CPU count), then prints one table with min/median/max and the ratio mlx-bun / peer.
+`MODEL@16/8` sets that model's prompt and generated tokens (a slow layout gets a short workload).
+All sides measure alike: TTFT = prompt submitted → first token ready; prefill tok/s = prompt
+tokens / TTFT; decode tok/s = generated tokens / time since the first token; peak RSS of the
+process. Asserts nothing.
 """
 import argparse
 import json
@@ -38,7 +43,7 @@ def run(n):
             first = time.perf_counter()
     end = time.perf_counter()
     return {"ttft": first - t0, "prefill": n_prompt / (first - t0), "decode": count / (end - first) if end > first else 0.0}
-run(8)
+run(min(8, n_gen))  # warm-up
 runs = [run(n_gen) for _ in range(repeats)]
 def series(k):
     v = sorted(r[k] for r in runs)
@@ -85,6 +90,10 @@ def bytes_per_token(model, context):
     return weights, weights + kv
 
 
+def peer_of(model):
+    return "node-llama-cpp" if model.endswith(".gguf") else "mlx-lm"
+
+
 def run_json(cmd, env):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -96,8 +105,10 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--f32-matmuls", choices=["auto", "all", "none"], default="auto",
-                    help="mlx-bun's f32Matmuls load option (mlx-lm always computes as stored)")
+    ap.add_argument("--f32-matmuls", choices=["auto", "all", "none"], nargs="+", default=["auto"],
+                    help="mlx-bun's f32Matmuls load option, one run per value (the peers compute as stored)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="node-llama-cpp's threads (MLX's CPU backend sizes its own pool)")
     ap.add_argument("--prefill-chunk-size", type=int, default=2048,
                     help="prompt tokens per prefill step, for both engines")
     ap.add_argument("--kv-bits", type=int, nargs="+", default=[None],
@@ -113,35 +124,45 @@ def main():
         py_env["LD_PRELOAD"] = blas  # the addon links OpenBLAS; give mlx-lm the same BLAS
     binary = os.path.join(ROOT, "target", "release", "mlx-bun")
     rows = []
-    for model in a.models:
-        for n in a.prompt_tokens:
+    for spec in a.models:
+        model, _, sizes = spec.partition("@")
+        prompts, gen = a.prompt_tokens, a.gen_tokens
+        if sizes:
+            p, g = sizes.split("/")
+            prompts, gen = [int(p)], int(g)
+        for n in prompts:
             for bits in a.kv_bits:
                 kv = ["--kv-bits", str(bits), "--quantized-kv-start", str(a.quantized_kv_start)] if bits else []
-                ours = run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
-                                 "--gen-tokens", str(a.gen_tokens), "--repeats", str(a.repeats),
-                                 "--f32-matmuls", a.f32_matmuls, "--prefill-chunk-size", str(a.prefill_chunk_size)] + kv, env)
-                ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(a.gen_tokens), str(a.repeats),
-                                str(a.prefill_chunk_size), str(bits) if bits else "none", str(a.quantized_kv_start)], py_env)
+                ours = [run_json([binary, "bench", "--model", model, "--prompt-tokens", str(n),
+                                  "--gen-tokens", str(gen), "--repeats", str(a.repeats),
+                                  "--f32-matmuls", mm, "--prefill-chunk-size", str(a.prefill_chunk_size)] + kv, env)
+                        for mm in a.f32_matmuls]
+                if peer_of(model) == "mlx-lm":
+                    ref = run_json([sys.executable, "-c", MLX_LM_SIDE, model, str(n), str(gen), str(a.repeats),
+                                    str(a.prefill_chunk_size), str(bits) if bits else "none", str(a.quantized_kv_start)], py_env)
+                else:
+                    assert not bits, "node-llama-cpp runs here with its default KV cache only"
+                    ref = run_json(["node", os.path.join(HERE, "peers", "llama-cpp.mjs"), model, str(n), str(gen),
+                                    str(a.repeats), str(a.threads)], env)
                 name = os.path.basename(model.rstrip("/")) + (f" kv{bits}" if bits else "")
-                rows.append((name, n, ours, ref))
+                for mm, o in zip(a.f32_matmuls, ours):
+                    rows.append((name + ("" if mm == "auto" else f" f32Matmuls {mm}"), model, n, gen, o, ref))
                 print(f"done {name} prompt={n}", file=sys.stderr)
-    head = f"| model | prompt | metric | mlx-bun (min/median/max) | mlx-lm (min/median/max) | ratio (median) |"
-    print(head)
-    print("|" + "---|" * 6)
-    for name, n, ours, ref in rows:
-        for key, label, better in [("prefill_tps", "prefill tok/s", "higher"), ("decode_tps", "decode tok/s", "higher"),
-                                   ("ttft_ms", "TTFT ms", "lower")]:
+    print("| model | prompt / gen | peer | metric | mlx-bun (min/median/max) | peer (min/median/max) | ratio (median) |")
+    print("|" + "---|" * 7)
+    for name, model, n, gen, ours, ref in rows:
+        peer = peer_of(model)
+        for key, label in [("prefill_tps", "prefill tok/s"), ("decode_tps", "decode tok/s"), ("ttft_ms", "TTFT ms")]:
             o, r = ours[key], ref[key]
             fmt = lambda s: f"{s['min']:.1f} / {s['median']:.1f} / {s['max']:.1f}"
-            print(f"| {name} | {n} | {label} | {fmt(o)} | {fmt(r)} | {o['median'] / r['median']:.2f}× |")
-        print(f"| {name} | {n} | peak RSS MB | {ours['peak_rss_mb']:.0f} | {ref['peak_rss_mb']:.0f} | "
+            print(f"| {name} | {n} / {gen} | {peer} | {label} | {fmt(o)} | {fmt(r)} | {o['median'] / r['median']:.2f}× |")
+        print(f"| {name} | {n} / {gen} | {peer} | peak RSS MB | {ours['peak_rss_mb']:.0f} | {ref['peak_rss_mb']:.0f} | "
               f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |")
     print(f"\nRoofline: streaming read bandwidth {bw:.1f} GB/s (numpy sum over 1 GiB, best of 5).")
-    print("| model | prompt | bytes read per decode token | roofline tok/s | mlx-bun % of roofline | mlx-lm % of roofline |")
+    print("| model | prompt | bytes read per decode token | roofline tok/s | mlx-bun % of roofline | peer % of roofline |")
     print("|" + "---|" * 6)
-    for name, n, ours, ref in rows:
-        model = next(m for m in a.models if os.path.basename(m.rstrip("/")) == name.split(" ")[0])
-        weights, total = bytes_per_token(model, n + a.gen_tokens // 2)
+    for name, model, n, gen, ours, ref in rows:
+        weights, total = bytes_per_token(model, n + gen // 2)
         roof = bw * 1e9 / total
         pct = lambda s: 100 * s["decode_tps"]["median"] / roof
         print(f"| {name} | {n} | {total / 1e6:.0f} MB ({weights / 1e6:.0f} MB weights) | {roof:.1f} | {pct(ours):.1f} % | {pct(ref):.1f} % |")

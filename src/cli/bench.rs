@@ -39,7 +39,7 @@ pub fn bench(path: &Path, w: Workload, f32_matmuls: F32Matmuls) -> Result<()> {
         let session = sessions.open(MethodSpec::Generate { model, prompt: prompt.clone(), opts, prefix: Default::default(), cache: None, draft: None, fill: Default::default() }, OutputMode::Stream, false)?;
         Ok(session.read_blocking(|_| Ok(()))?.into_result()?.metrics)
     };
-    run(8)?;
+    run(gen_tokens.min(8))?; // warm-up
     let runs: Vec<GenerateStats> = (0..repeats).map(|_| run(gen_tokens)).collect::<Result<_>>()?;
     let series = |f: fn(&GenerateStats) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(f).collect();
