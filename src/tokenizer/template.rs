@@ -237,8 +237,44 @@ fn python_formatter(
         ValueKind::Bool => out
             .write_str(if value.is_true() { "True" } else { "False" })
             .map_err(minijinja::Error::from),
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
+            charge_items(state, value, 0)?;
+            minijinja::escape_formatter(out, state, value)
+        }
         _ => minijinja::escape_formatter(out, state, value),
     }
+}
+
+/// Fuel per item of a printed list or map (see [`charge_items`]).
+const ITEM_FUEL: u64 = 8;
+
+/// Charges a render [`ITEM_FUEL`] per item of a list or map about to be printed, nested ones
+/// included, before any is visited: minijinja charges printed text once it is built, and a list
+/// repeated by `*` stays lazy until then (`{{ tools * 800001 }}` took 2 s to print, found by
+/// fuzzing). Visiting and printing an item costs about as much as a few instructions do, so the
+/// whole budget prints ~500 000 items (~0.2 s).
+fn charge_items(state: &State, v: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
+    // Deeper than any printable structure a chat template builds; minijinja's own printing
+    // recurses per level too.
+    const MAX_DEPTH: usize = 256;
+    if depth > MAX_DEPTH {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "value nested too deep to print"));
+    }
+    let nested = |x: &Value| matches!(x.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable);
+    if let Some(n) = v.len() {
+        state.consume_fuel((n as u64).saturating_mul(ITEM_FUEL))?;
+    }
+    let is_map = v.kind() == ValueKind::Map;
+    for item in v.try_iter()? {
+        if v.len().is_none() {
+            state.consume_fuel(ITEM_FUEL)?;
+        }
+        let item = if is_map { v.get_item(&item)? } else { item };
+        if nested(&item) {
+            charge_items(state, &item, depth + 1)?;
+        }
+    }
+    Ok(())
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
