@@ -261,12 +261,13 @@ fn charge_items(state: &State, v: &Value, depth: usize) -> std::result::Result<(
         return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "value nested too deep to print"));
     }
     let nested = |x: &Value| matches!(x.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable);
-    if let Some(n) = v.len() {
+    let len = v.len();
+    if let Some(n) = len {
         state.consume_fuel((n as u64).saturating_mul(ITEM_FUEL))?;
     }
     let is_map = v.kind() == ValueKind::Map;
     for item in v.try_iter()? {
-        if v.len().is_none() {
+        if len.is_none() {
             state.consume_fuel(ITEM_FUEL)?;
         }
         let item = if is_map { v.get_item(&item)? } else { item };
