@@ -18,7 +18,7 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
-    for f in ["compat/half_compat.cpp", "compat/mach_time.c", "compat/std_format_shim.h"] {
+    for f in ["compat/half_compat.cpp", "compat/mach_time.c", "compat/std_format_shim.h", "kernels/affine_rows.cpp"] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=CARGO_HOME");
@@ -48,6 +48,14 @@ fn main() {
         .files(&sources)
         .cargo_metadata(false)
         .compile("mlxc");
+
+    // Our own CPU kernels, MLX primitives built against the same headers (kernels/*.cpp say why).
+    // No contraction into fused multiply-adds: the kernels promise MLX's rounding, operation by
+    // operation.
+    cpp(&mlx_c, &incdir, &shim)
+        .file(manifest.join("kernels/affine_rows.cpp"))
+        .flag("-ffp-contract=off")
+        .compile("mlx_bun_kernels");
 
     // mlx-c declares the f16/bf16 accessors only where the C compiler has __fp16 (ARM); mlx-rs
     // calls them on every target.

@@ -13,7 +13,7 @@ use super::blocks::gelu;
 use super::config::{ModelConfig, QuantParams};
 use super::weights::{F32Matmuls, Weights};
 use crate::error::{Error, Result};
-use crate::mlx::backend;
+use crate::mlx::{backend, kernels};
 
 /// A scalar in `like`'s dtype (a Python float in mlx-lm).
 pub fn scalar(v: f32, like: &Array) -> Result<Array> {
@@ -51,6 +51,9 @@ pub struct QuantWeight {
     /// of the dequantized matrix in 3 ms; one row stays quantized (a decode step reading every
     /// matrix dequantized took 3x longer). Rounds differently from the quantized kernel.
     dequantize_rows: bool,
+    /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
+    /// times faster where MLX's CPU kernel is scalar (x86_64).
+    rows_kernel: bool,
 }
 
 /// Rows of `x` from which a product dequantizes under `dequantize_rows` (at 4 rows: 3.1 ms
@@ -74,7 +77,8 @@ impl QuantWeight {
             mlx_rs::transforms::eval([&scales, &biases])?;
         }
         let dequantize_rows = w.f32_matmuls() == F32Matmuls::All && backend::is_cpu();
-        Ok(QuantWeight { weight: w.array_shaped(&format!("{path}.weight"), &[rows, packed])?, scales, biases, params, half, dequantize_rows })
+        let rows_kernel = matches!(params.bits, 2 | 4 | 8) && kernels::affine_rows_fast();
+        Ok(QuantWeight { weight: w.array_shaped(&format!("{path}.weight"), &[rows, packed])?, scales, biases, params, half, dequantize_rows, rows_kernel })
     }
 
     /// `a` in the dtype the stored scales give outputs (as it is, unless they are held in f32).
@@ -92,9 +96,13 @@ impl QuantWeight {
             let y = ops::matmul(&x.as_dtype(Dtype::Float32)?, &w.as_dtype(Dtype::Float32)?.t())?;
             return Ok(y.as_dtype(x.dtype())?);
         }
+        let (group, bits) = (self.params.group_size, self.params.bits);
         let y = by_halves(self.weight.shape()[0], x, |r| {
             let (w, s, b) = (rows(&self.weight, &r), rows(&self.scales, &r), rows(&self.biases, &r));
-            Ok(ops::quantized_matmul(x, &w, &s, &b, true, self.params.group_size, self.params.bits)?)
+            if self.rows_kernel {
+                return Ok(kernels::affine_rows_matmul(x, &w, &s, &b, group, bits)?);
+            }
+            Ok(ops::quantized_matmul(x, &w, &s, &b, true, group, bits)?)
         })?;
         self.stored(y, x)
     }
@@ -109,7 +117,7 @@ impl QuantWeight {
 /// saves (192×576: 0.18 ms at once, 0.23 ms split). f32 products (BLAS, already threaded) and
 /// Metal use one product.
 fn by_halves(out: i32, x: &Array, part: impl Fn(Option<Range<i32>>) -> Result<Array>) -> Result<Array> {
-    const SPLIT_MIN_ELEMENTS: i64 = 1 << 18;
+    const SPLIT_MIN_ELEMENTS: i64 = 1 << 30;
     let inner = x.shape().last().copied().unwrap_or(0);
     if (out as i64) * (inner as i64) < SPLIT_MIN_ELEMENTS || !backend::is_cpu() {
         return part(None);
@@ -412,9 +420,9 @@ mod tests {
         let x = random::normal::<f32>(&[4, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
         let (q, s, b) = ops::quantize(&w, 64, 4).unwrap();
         let params = QuantParams { group_size: 64, bits: 4 };
-        let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false };
+        let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false };
         let (s32, b32) = (s.as_dtype(f32).unwrap(), b.as_dtype(f32).unwrap());
-        let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false };
+        let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false };
         let exact = host(ops::matmul(&x.as_dtype(f32).unwrap(), ops::dequantize(&q, &s32, &b32, 64, 4).unwrap().t()).unwrap());
         let err = |y: Array| host(y).iter().zip(&exact).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
         let fast = held.matmul_t(&x).unwrap();
@@ -431,8 +439,8 @@ mod tests {
         let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
         let (q, s, b) = ops::quantize(&w, 32, 4).unwrap();
         let params = QuantParams { group_size: 32, bits: 4 };
-        let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false };
-        let opt_in = QuantWeight { weight: q, scales: s, biases: b, params, half: None, dequantize_rows: true };
+        let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false };
+        let opt_in = QuantWeight { weight: q, scales: s, biases: b, params, half: None, dequantize_rows: true, rows_kernel: false };
         for n in [1, 3] {
             let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
             assert_eq!(host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()), "{n} rows");
@@ -444,6 +452,55 @@ mod tests {
             assert!(diff < 1e-3, "{n} rows: {diff}");
             // Another kernel ran: 1536 sums of 576 products each, in another order.
             assert!(a != e, "{n} rows: the quantized kernel's own result");
+        }
+    }
+
+    /// Our CPU kernel for quantized products computes what MLX's computes, bit for bit, for
+    /// every bit width, scale type and activation type it takes (f32, bf16 and f16 products, and
+    /// mixed ones that promote to f32), for row counts not a multiple of its sixteen lanes and
+    /// rows whose words are not a multiple of its eight-word loads, for a strided x, and for
+    /// x with NaN, infinities and values whose products overflow (NaN written as MLX writes it).
+    #[test]
+    fn affine_rows_kernel_equals_mlx_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        assert!(kernels::affine_rows_fast() || !std::is_x86_feature_detected!("avx2"), "an AVX2 CPU runs the vectorised kernel");
+        if !kernels::affine_rows_fast() {
+            return;
+        }
+        let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
+        let bits_of = |a: Array| -> Vec<u32> {
+            let a = a.as_dtype(f32).unwrap();
+            a.eval().unwrap();
+            a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect()
+        };
+        for (bits, group, rows, cols) in [(4, 32, 1536, 576), (4, 64, 37, 320), (8, 32, 50, 96), (2, 32, 19, 160), (4, 128, 16, 256)] {
+            let w = random::normal::<f32>(&[rows, cols], None, None, None).unwrap();
+            for scale_type in [f32, f16, bf16] {
+                let (q, s, b) = ops::quantize(&w.as_dtype(scale_type).unwrap(), group, bits).unwrap();
+                let check = |x: Array| {
+                    let ours = kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits).unwrap();
+                    let mlx = ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap();
+                    assert_eq!((ours.dtype(), ours.shape()), (mlx.dtype(), mlx.shape()));
+                    let what = format!("{bits} bits, groups of {group}, {rows}x{cols}, {scale_type:?} scales, x {:?} {:?}", x.dtype(), x.shape());
+                    assert!(bits_of(ours) == bits_of(mlx), "{what}");
+                };
+                for (shape, x_type, transposed) in [(vec![1, 1, cols], f32, false), (vec![2, 3, cols], f32, false), (vec![cols, 5], f32, true), (vec![1, 2, cols], f16, false), (vec![1, 3, cols], bf16, false), (vec![cols, 17], bf16, true)] {
+                    let x = random::normal::<f32>(&shape, None, None, None).unwrap();
+                    let x = if transposed { x.t() } else { x };
+                    check(x.as_dtype(x_type).unwrap());
+                }
+                // One row with a NaN, one with infinities of both signs, one of values near the
+                // largest f32 (their products overflow; inf - inf makes NaN mid-sum).
+                let k = cols as usize;
+                let mut v: Vec<f32> = (0..3 * k).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+                v[7] = f32::NAN;
+                v[k + 3] = f32::INFINITY;
+                v[k + 40] = f32::NEG_INFINITY;
+                v[2 * k..].iter_mut().enumerate().for_each(|(i, a)| *a = if i % 2 == 0 { 3.0e38 } else { -3.0e38 });
+                for x_type in [f32, f16, bf16] {
+                    check(Array::from_slice(&v, &[3, cols]).as_dtype(x_type).unwrap());
+                }
+            }
         }
     }
 }
