@@ -308,6 +308,7 @@ class AffineRowsMatmul : public UnaryPrimitive {
         throw std::runtime_error("[affine_rows_matmul] quantized matrices must be row-contiguous");
       }
     }
+#if defined(__x86_64__)
     out.set_data(allocator::malloc(out.nbytes()));
     auto& encoder = cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
@@ -322,7 +323,7 @@ class AffineRowsMatmul : public UnaryPrimitive {
                       biases = array::unsafe_weak_copy(biases),
                       group_size = group_size_,
                       bits = bits_]() mutable {
-#if defined(__x86_64__)
+      // Nothing here throws but an allocation failure: this runs on MLX's stream thread.
       int K = x.shape(-1);
       std::vector<float> xs = x_in_f32(x), ys(out.size());
       Operands o{xs.data(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), ys.data(), int(x.size() / K), w.shape(0), K, group_size};
@@ -334,8 +335,10 @@ class AffineRowsMatmul : public UnaryPrimitive {
         compute_bits<F16>(o, bits);
       }
       store(ys, out);
-#endif
     });
+#else
+    throw std::runtime_error("[affine_rows_matmul] needs an x86_64 CPU with AVX2 and F16C");
+#endif
   }
 
   void eval_gpu(const std::vector<array>&, array&) override {
