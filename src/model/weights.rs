@@ -133,8 +133,8 @@ pub enum F32Matmuls {
     /// Every matrix as stored (the same as `Auto` today).
     None,
     /// Every dense matrix held transposed in f32, and quantized matrices' half-precision scales
-    /// and biases held in f32: several times faster on the CPU backend (dense bf16/f16 at twice
-    /// their memory; quantized ones 7-35x at one more bit per weight, `layers::QuantWeight`), but
+    /// and biases held in f32: faster on the CPU backend (dense bf16/f16 several times, at twice
+    /// their memory; quantized ones 1.3-1.6x at one more bit per weight, `layers::QuantWeight`), but
     /// outputs round differently from MLX's half-precision kernels (and, on some CPUs, from the
     /// stored f32 layout), which can change tokens.
     All,
