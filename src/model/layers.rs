@@ -45,20 +45,23 @@ pub struct QuantWeight {
     /// 35 -> 54 tok/s; MLX's own, elsewhere, 7x (bf16) to 35x (f16) slower in half precision);
     /// outputs differ from mlx-lm's (closer to the f32 ones).
     half: Option<Dtype>,
-    /// `f32Matmuls: 'all'` on MLX's CPU backend: products of many rows (prefill, batched decode)
-    /// dequantize the matrix to f32 and go through BLAS. MLX's CPU quantized kernel multiplies
-    /// row by row (576×1536, 4-bit: 2 ms at 1 row, 6 ms at 8, 100 ms at 128), BLAS does 128 rows
-    /// of the dequantized matrix in 3 ms; one row stays quantized (a decode step reading every
-    /// matrix dequantized took 3x longer). Rounds differently from the quantized kernel.
+    /// `f32Matmuls: 'all'` on MLX's CPU backend: products of many rows (prefill, big batched
+    /// decode steps) dequantize the matrix to f32 and go through BLAS. Quantized kernels multiply
+    /// row by row (576×1536, 4-bit, our kernel: 0.19 ms at 1 row, 1.3 ms at 16, 2.8 ms at 32;
+    /// MLX's: 2 ms at 1 row, 100 ms at 128), while dequantizing and BLAS cost 1.5-2.6 ms from 1
+    /// to 32 rows. Rounds differently from the quantized kernel.
     dequantize_rows: bool,
     /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
     /// times faster where MLX's CPU kernel is scalar (x86_64).
     rows_kernel: bool,
 }
 
-/// Rows of `x` from which a product dequantizes under `dequantize_rows` (at 4 rows: 3.1 ms
-/// quantized, 1.6 ms dequantized, on SmolLM2's 576×1536 at 4 bits).
-const DEQUANTIZE_MIN_ROWS: i64 = 4;
+/// Rows of `x` from which a product dequantizes under `dequantize_rows`: where our kernel's
+/// row-by-row cost passes the dequantization's (on SmolLM2's 576×1536 at 4 bits: 16 rows 1.3 ms
+/// kernel, 2.6 ms dequantized; 32 rows 2.8 against 2.3). With MLX's kernel (no AVX2) it passes at
+/// 4 rows (3.1 ms against 1.6).
+const DEQUANTIZE_MIN_ROWS: i64 = 32;
+const DEQUANTIZE_MIN_ROWS_MLX_KERNEL: i64 = 4;
 
 impl QuantWeight {
     fn load(w: &Weights, path: &str, params: QuantParams, rows: usize, cols: usize) -> Result<Self> {
@@ -91,7 +94,8 @@ impl QuantWeight {
 
     fn matmul_t(&self, x: &Array) -> Result<Array> {
         let inner = x.shape().last().copied().unwrap_or(1).max(1) as i64;
-        if self.dequantize_rows && x.size() as i64 / inner >= DEQUANTIZE_MIN_ROWS {
+        let min_rows = if self.rows_kernel { DEQUANTIZE_MIN_ROWS } else { DEQUANTIZE_MIN_ROWS_MLX_KERNEL };
+        if self.dequantize_rows && x.size() as i64 / inner >= min_rows {
             let w = ops::dequantize(&self.weight, &self.scales, &self.biases, self.params.group_size, self.params.bits)?;
             let y = ops::matmul(&x.as_dtype(Dtype::Float32)?, &w.as_dtype(Dtype::Float32)?.t())?;
             return Ok(y.as_dtype(x.dtype())?);
@@ -431,27 +435,31 @@ mod tests {
         assert!(fast < slow, "f32 scales {fast}, bf16 kernel {slow}");
     }
 
-    /// `f32Matmuls: 'all'` on the CPU: from 4 rows a product dequantizes and multiplies in f32
-    /// (BLAS), within f32 rounding of the quantized kernel's f32 product; fewer rows keep the
-    /// quantized kernel bit for bit.
+    /// `f32Matmuls: 'all'` on the CPU: from `DEQUANTIZE_MIN_ROWS` rows (32 with our kernel, 4
+    /// with MLX's) a product dequantizes and multiplies in f32 (BLAS), within f32 rounding of
+    /// the quantized kernel's f32 product; fewer rows keep the quantized kernel bit for bit.
     #[test]
     fn many_rows_multiply_dequantized_under_f32_matmuls_all() {
         let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
         let (q, s, b) = ops::quantize(&w, 32, 4).unwrap();
         let params = QuantParams { group_size: 32, bits: 4 };
-        let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false };
-        let opt_in = QuantWeight { weight: q, scales: s, biases: b, params, half: None, dequantize_rows: true, rows_kernel: false };
-        for n in [1, 3] {
-            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            assert_eq!(host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()), "{n} rows");
-        }
-        for n in [4, 8, 128] {
-            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            let (a, e) = (host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()));
-            let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
-            assert!(diff < 1e-3, "{n} rows: {diff}");
-            // Another kernel ran: 1536 sums of 576 products each, in another order.
-            assert!(a != e, "{n} rows: the quantized kernel's own result");
+        let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
+        for rows_kernel in kernels {
+            let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel };
+            let opt_in = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: true, rows_kernel };
+            let (kept, dequantized) = if rows_kernel { ([1, 31], [32, 128]) } else { ([1, 3], [4, 128]) };
+            for n in kept {
+                let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
+                assert_eq!(host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()), "{n} rows");
+            }
+            for n in dequantized {
+                let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
+                let (a, e) = (host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()));
+                let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
+                assert!(diff < 1e-3, "{n} rows: {diff}");
+                // Another kernel ran: 1536 sums of 576 products each, in another order.
+                assert!(a != e, "{n} rows: the quantized kernel's own result");
+            }
         }
     }
 

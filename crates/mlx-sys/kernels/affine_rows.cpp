@@ -369,8 +369,10 @@ void copy_message(const char* what, char* err, size_t err_len) {
 }  // namespace
 
 // Whether this CPU runs the vectorised kernel (the product is still correct without, only slow).
+// Not on macOS: MLX built with Accelerate has a vectorised kernel there, whose sums run in
+// another order.
 extern "C" bool mlx_bun_affine_rows_fast() {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(__APPLE__)
   return has_avx2();
 #else
   return false;
