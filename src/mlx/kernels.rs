@@ -4,9 +4,9 @@ use mlx_rs::{Array, Stream};
 
 use super::backend;
 
-/// Whether `affine_rows_matmul` pays off here: on MLX's CPU backend with AVX2 (x86_64). Elsewhere
-/// MLX's own kernel is used (on a Mac its CPU kernel is already vectorised, and the GPU is the
-/// device anyway).
+/// Whether `affine_rows_matmul` runs here: MLX's CPU backend on an x86_64 CPU with AVX2 and F16C,
+/// not macOS. Elsewhere MLX's own kernel is used (on a Mac MLX's CPU kernel is vectorised, in
+/// another summation order, and the GPU is the device anyway).
 pub fn affine_rows_fast() -> bool {
     // SAFETY: a plain query of the CPU's features.
     backend::is_cpu() && unsafe { mlx_sys::mlx_bun_affine_rows_fast() }

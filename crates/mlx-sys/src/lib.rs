@@ -6,10 +6,10 @@ include!(concat!(env!("OUT_DIR"), "/compat.rs"));
 
 // Our kernels (kernels/*.cpp), built beside mlx-c.
 extern "C" {
-    /// Whether this CPU runs `mlx_bun_affine_rows_matmul` vectorised (AVX2).
+    /// Whether `mlx_bun_affine_rows_matmul` runs here: x86_64 with AVX2 and F16C, not macOS.
     pub fn mlx_bun_affine_rows_fast() -> bool;
-    /// `x · Wᵀ` for an MLX affine-quantized `W`, as MLX's CPU kernel computes it (f32 result);
-    /// 0, or 1 with a message in `err`.
+    /// `x · Wᵀ` for an MLX affine-quantized `W`, bit for bit as MLX's CPU kernel computes it (in
+    /// the promoted dtype of x and the scales); 0, or 1 with a message in `err`.
     pub fn mlx_bun_affine_rows_matmul(
         res: *mut mlx_array,
         x: mlx_array,
