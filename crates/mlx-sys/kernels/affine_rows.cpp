@@ -36,9 +36,15 @@ using namespace mlx::core;
 #if defined(__x86_64__)
 #define KERNEL __attribute__((target("avx2,f16c")))
 
+// Whether this process runs the kernel: a CPU with AVX2 and F16C, and not macOS (MLX built with
+// Accelerate has a vectorised kernel there, whose sums run in another order).
 bool has_avx2() {
+#if defined(__APPLE__)
+  return false;
+#else
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return yes;
+#endif
 }
 
 // Rounding an f32 result to the product's dtype T, as MLX's T does on x86_64 (f32: nothing;
@@ -256,6 +262,12 @@ KERNEL float to_f32(const array& a, size_t offset) {
 // x's values as f32, row-major (a view such as a transpose is read through its strides).
 std::vector<float> x_in_f32(const array& x) {
   std::vector<float> v(x.size());
+  if (x.flags().row_contiguous) {
+    for (size_t i = 0; i < x.size(); i++) {
+      v[i] = to_f32(x, i);
+    }
+    return v;
+  }
   std::vector<int> index(x.ndim(), 0);
   for (size_t i = 0; i < x.size(); i++) {
     int64_t offset = 0;
@@ -270,21 +282,19 @@ std::vector<float> x_in_f32(const array& x) {
   return v;
 }
 
-// The f32 results (values of T) written as T.
-KERNEL void store(const std::vector<float>& v, array& out) {
-  if (out.dtype() == float32) {
-    std::memcpy(out.data<float>(), v.data(), v.size() * 4);
-    return;
-  }
+// Half-precision results (f32 values already rounded to T) written as T, NaN as MLX's types
+// write it.
+KERNEL void store_half(const std::vector<float>& v, array& out) {
   uint16_t* o = out.data<uint16_t>();
   for (size_t i = 0; i < v.size(); i++) {
-    uint32_t u;
-    std::memcpy(&u, &v[i], 4);
-    // bf16: the upper half (the value is already rounded); f16: exact conversion; NaN as
-    // MLX's types write it.
-    float r = out.dtype() == bfloat16 ? Bf16::one(v[i]) : F16::one(v[i]);
-    std::memcpy(&u, &r, 4);
-    o[i] = out.dtype() == bfloat16 ? uint16_t(u >> 16) : _cvtss_sh(r, _MM_FROUND_TO_NEAREST_INT);
+    if (out.dtype() == bfloat16) {
+      float r = Bf16::one(v[i]);
+      uint32_t u;
+      std::memcpy(&u, &r, 4);
+      o[i] = uint16_t(u >> 16);
+    } else {
+      o[i] = _cvtss_sh(F16::one(v[i]), _MM_FROUND_TO_NEAREST_INT);
+    }
   }
 }
 #else
@@ -325,16 +335,20 @@ class AffineRowsMatmul : public UnaryPrimitive {
                       bits = bits_]() mutable {
       // Nothing here throws but an allocation failure: this runs on MLX's stream thread.
       int K = x.shape(-1);
-      std::vector<float> xs = x_in_f32(x), ys(out.size());
-      Operands o{xs.data(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), ys.data(), int(x.size() / K), w.shape(0), K, group_size};
-      if (out.dtype() == float32) {
+      // f32 results go straight to `out`; half-precision ones through f32 lanes first.
+      const bool f32_out = out.dtype() == float32;
+      std::vector<float> xs = x_in_f32(x), ys(f32_out ? 0 : out.size());
+      float* dst = f32_out ? out.data<float>() : ys.data();
+      Operands o{xs.data(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), dst, int(x.size() / K), w.shape(0), K, group_size};
+      if (f32_out) {
         compute_bits<F32>(o, bits);
       } else if (out.dtype() == bfloat16) {
         compute_bits<Bf16>(o, bits);
+        store_half(ys, out);
       } else {
         compute_bits<F16>(o, bits);
+        store_half(ys, out);
       }
-      store(ys, out);
     });
 #else
     throw std::runtime_error("[affine_rows_matmul] needs an x86_64 CPU with AVX2 and F16C");
@@ -368,15 +382,9 @@ void copy_message(const char* what, char* err, size_t err_len) {
 
 }  // namespace
 
-// Whether this CPU runs the vectorised kernel (the product is still correct without, only slow).
-// Not on macOS: MLX built with Accelerate has a vectorised kernel there, whose sums run in
-// another order.
+// Whether the kernel runs here (`has_avx2`); elsewhere the builder below refuses.
 extern "C" bool mlx_bun_affine_rows_fast() {
-#if defined(__x86_64__) && !defined(__APPLE__)
   return has_avx2();
-#else
-  return false;
-#endif
 }
 
 // x [..., K] times Wᵀ, W of N rows quantized with `bits` (2, 4 or 8) in groups of `group_size`;
@@ -395,7 +403,7 @@ extern "C" int mlx_bun_affine_rows_matmul(
     size_t err_len) {
   try {
     if (!has_avx2()) {
-      throw std::invalid_argument("[affine_rows_matmul] needs an x86_64 CPU with AVX2 and F16C");
+      throw std::invalid_argument("[affine_rows_matmul] needs an x86_64 CPU with AVX2 and F16C (not macOS)");
     }
     auto stream = mlx_stream_get_(s);
     auto& x = mlx_array_get_(x_in);
