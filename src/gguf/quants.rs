@@ -221,7 +221,7 @@ pub fn dequantize_with(name: &str, kind: GgmlType, data: &[u8], n: usize, mut si
     Ok(())
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -254,7 +254,7 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// The 5-bit values of a Q5_0/Q5_1 block from its `qh` word and 16 `qs` bytes.
-fn five_bit(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+pub(super) fn five_bit(qh: &[u8], qs: &[u8]) -> [u8; 32] {
     let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     let high = |j: usize| ((qh >> j) & 1) as u8 * 16;
     std::array::from_fn(|j| if j < 16 { (qs[j] & 0x0F) | high(j) } else { (qs[j - 16] >> 4) | high(j) })
@@ -312,7 +312,7 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
 
 /// Scale and min of the 32-element group `g` (0..8) of a Q4_K/Q5_K block: 6 bits each, packed
 /// into 12 bytes (ggml's `get_scale_min_k4`).
-fn scale_min_k4(g: usize, s: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min_k4(g: usize, s: &[u8]) -> (u8, u8) {
     if g < 4 {
         (s[g] & 63, s[g + 4] & 63)
     } else {
@@ -360,7 +360,7 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -433,7 +433,7 @@ mod tests {
     /// Deterministic test blocks: bytes from a 64-bit LCG (the top byte of each state), then
     /// every f16 scale field masked with 0xBFFF so that it is finite (|x| < 2). The Python
     /// script that computed the expected values below generates the same bytes.
-    fn test_blocks(kind: GgmlType, seed: u64, blocks: usize) -> Vec<u8> {
+    pub(crate) fn test_blocks(kind: GgmlType, seed: u64, blocks: usize) -> Vec<u8> {
         let (_, size, _) = layout(kind).unwrap();
         let mut state = seed;
         let mut data: Vec<u8> = (0..size * blocks)

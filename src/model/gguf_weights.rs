@@ -1,16 +1,20 @@
 //! GGUF → the same tensors and config.json an HF/MLX folder of the model would have, for the
 //! llama.cpp architectures of `gguf_config::Arch` (their configs in gguf_config.rs).
 //!
-//! How tensors are stored is decided once per file, so that a model has one consistent form:
+//! How tensors are stored is decided once per file, so that a model has one consistent form
+//! (`gguf::affine` says which quantization types fit MLX's affine form, and why exactly):
 //! - If every quantized tensor is Q4_0, Q4_1 or Q8_0, those are repacked into MLX affine
-//!   quantization without loss (each block of 32 is one MLX group: w = scale·q + bias), and
-//!   F32/F16/BF16 tensors keep their dtype.
-//! - Otherwise (any other quantization type: K-quants, Q5_0, Q5_1 — e.g. a Q4_K_M file, which
-//!   mixes Q4_K, Q6_K, Q5_0 and Q8_0), every quantized tensor is dequantized to bf16, not
-//!   re-quantized — lossless to the bf16 precision of the weights, larger in memory — and the
-//!   float tensors are cast to bf16 too, so the model is bf16 throughout like an HF bf16
-//!   checkpoint. Values are dequantized exactly (`gguf::quants`) and rounded to bf16 to nearest,
-//!   ties to even.
+//!   quantization without loss (each block of 32 is one MLX group: w = scale·q + bias, f16 scales
+//!   and biases, as llama.cpp stores them), and F32/F16/BF16 tensors keep their dtype.
+//! - Otherwise, if holding it so takes no more memory than bf16 would (e.g. a Q4_K_M file, which
+//!   mixes Q4_K, Q5_0, Q8_0 and a little Q6_K): every tensor of a type with an affine form is
+//!   repacked with f32 scales and biases (exact for the K-quants' d·sc), the others (Q6_K, …) are
+//!   dequantized exactly to f32, and float tensors become f32, so the model runs in f32 on the
+//!   file's own values.
+//! - Otherwise (Q2_K, Q3_K or Q6_K dominate), every quantized tensor is dequantized to bf16, not
+//!   re-quantized — lossless to the bf16 precision of the weights — and the float tensors are
+//!   cast to bf16 too, so the model is bf16 throughout like an HF bf16 checkpoint. Values are
+//!   dequantized exactly (`gguf::quants`) and rounded to bf16 to nearest, ties to even.
 //!
 //! Architecture differences from the HF layout that llama.cpp's converter introduced are undone:
 //! llama's, granite's, smollm3's and minicpm's q/k rows are un-permuted (RoPE interleaving);
@@ -22,19 +26,21 @@ use half::{bf16, f16};
 use serde_json::{json, Value};
 
 use super::config::ModelConfig;
-use crate::gguf::{quants, GgmlType, Gguf, TensorInfo};
+use crate::gguf::{affine, quants, GgmlType, Gguf, TensorInfo};
 use super::gguf_config::{hf_config, is_skipped, Arch};
 use super::gguf_hybrid;
 use super::gguf_names::hf_name;
 use super::weights::{DType, Tensor, WeightFormat, Weights};
 use crate::error::{Error, Result};
 
-const GROUP: usize = 32;
+const GROUP: usize = affine::GROUP;
 /// How the tensors of a file are stored (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Storage {
-    /// Q4_0/Q4_1/Q8_0 repacked as MLX-quantized, floats as they are.
+    /// Q4_0/Q4_1/Q8_0 repacked as MLX-quantized with f16 scales, floats as they are.
     Repack,
+    /// Types with an affine form repacked with f32 scales, everything else f32.
+    F32,
     /// Everything dequantized or cast to bf16.
     Bf16,
 }
@@ -69,8 +75,10 @@ fn layout(g: &Gguf) -> Result<(Arch, Storage, Value)> {
         }
     }
     raw["tie_word_embeddings"] = json!(tied);
-    if storage == Storage::Bf16 {
-        raw["torch_dtype"] = json!("bfloat16");
+    match storage {
+        Storage::Bf16 => raw["torch_dtype"] = json!("bfloat16"),
+        Storage::F32 => raw["torch_dtype"] = json!("float32"),
+        Storage::Repack => {}
     }
     if let Some(q) = quantization_block(&quant) {
         raw["quantization"] = q.clone();
@@ -92,8 +100,7 @@ fn value_map(arch: Arch, t: &TensorInfo) -> Option<fn(f32) -> Option<f32>> {
 
 /// The bit width `t` keeps as an MLX-quantized tensor, if it is repacked rather than converted.
 fn repacked_bits(arch: Arch, storage: Storage, t: &TensorInfo) -> Option<usize> {
-    let repackable = matches!(t.kind, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
-    (storage == Storage::Repack && repackable && value_map(arch, t).is_none()).then_some(if t.kind == GgmlType::Q8_0 { 8 } else { 4 })
+    (storage != Storage::Bf16 && value_map(arch, t).is_none()).then(|| affine::bits(t.kind)).flatten()
 }
 
 pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
@@ -126,7 +133,8 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             Ok(gguf_hybrid::group_heads(arch, &config, &t.name, &bytes, rows, packed)?.unwrap_or(bytes))
         };
         if let Some(bits) = repacked_bits(arch, storage, t) {
-            let (w, s, b) = repack(t, data, rows, cols)?;
+            let scale_type = if storage == Storage::F32 { DType::F32 } else { DType::F16 };
+            let (w, s, b) = repack(t, data, rows, cols, bits, scale_type)?;
             let base = name.strip_suffix(".weight").unwrap_or(&name).to_owned();
             let (w, s, b) = match heads {
                 Some(h) => (unpermute_rows(&t.name, &w, rows, h)?, unpermute_rows(&t.name, &s, rows, h)?, unpermute_rows(&t.name, &b, rows, h)?),
@@ -136,19 +144,20 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
             // Rows keep their leading axes (a stack of experts is [experts, out, in]).
             let packed = |last: usize| -> Vec<usize> { shape[..shape.len() - 1].iter().copied().chain([last]).collect() };
             tensors.insert(format!("{base}.weight"), Tensor::owned(DType::U32, packed(cols * bits / 32), w));
-            tensors.insert(format!("{base}.scales"), Tensor::owned(DType::F16, packed(cols / GROUP), s));
-            tensors.insert(format!("{base}.biases"), Tensor::owned(DType::F16, packed(cols / GROUP), b));
+            tensors.insert(format!("{base}.scales"), Tensor::owned(scale_type, packed(cols / GROUP), s));
+            tensors.insert(format!("{base}.biases"), Tensor::owned(scale_type, packed(cols / GROUP), b));
             continue;
         }
         let dtype = match (storage, t.kind) {
             (Storage::Bf16, _) => DType::BF16,
+            (Storage::F32, _) => DType::F32,
             (Storage::Repack, GgmlType::F16) => DType::F16,
             (Storage::Repack, GgmlType::BF16) => DType::BF16,
             // F32, and a (never seen) quantized Gemma norm, which must be shifted so cannot stay packed.
             (Storage::Repack, _) => DType::F32,
         };
         let bytes = match map {
-            None if storage == Storage::Repack => data.to_vec(), // already in `dtype`
+            None if storage == Storage::Repack || (storage == Storage::F32 && t.kind == GgmlType::F32) => data.to_vec(), // already in `dtype`
             _ => dense(t, data, dtype, map)?,
         };
         // A bias's rows are its elements.
@@ -162,18 +171,29 @@ pub fn load(g: &Gguf) -> Result<(Weights, ModelConfig)> {
     Ok((Weights::from_tensors(path, WeightFormat::Gguf, tensors), config))
 }
 
-/// `Repack` when every quantized tensor can be repacked losslessly, `Bf16` when some cannot;
-/// `UnsupportedQuant` for a type that can be neither repacked nor dequantized.
+/// `Repack` when every quantized tensor is Q4_0, Q4_1 or Q8_0; else `F32` when that form takes
+/// no more bytes than `Bf16`, which holds every element in two; `UnsupportedQuant` for a type that
+/// can be neither repacked nor dequantized.
 fn storage(tensors: &[TensorInfo]) -> Result<Storage> {
-    let mut storage = Storage::Repack;
+    let (mut repack, mut f32_bytes, mut bf16_bytes) = (true, 0u128, 0u128);
     for t in tensors {
         match t.kind {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {}
-            kind if quants::supports(kind) => storage = Storage::Bf16,
+            kind if quants::supports(kind) => repack = false,
             kind => return Err(Error::UnsupportedQuant { tensor: t.name.clone(), kind: kind.to_string() }),
         }
+        // The header's dims are untrusted: sizes saturate rather than wrap (loading refuses such
+        // shapes later).
+        let n = t.dims.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
+        // Packed values plus an f32 scale and bias per group of 32; 4 bytes for everything else.
+        f32_bytes = f32_bytes.saturating_add(affine::bits(t.kind).map_or(n * 4, |bits| n * bits as u128 / 8 + n / GROUP as u128 * 8));
+        bf16_bytes = bf16_bytes.saturating_add(n * 2);
     }
-    Ok(storage)
+    Ok(match (repack, f32_bytes <= bf16_bytes) {
+        (true, _) => Storage::Repack,
+        (false, true) => Storage::F32,
+        (false, false) => Storage::Bf16,
+    })
 }
 
 /// A tensor of any readable type as little-endian `dtype` (F32, F16 or BF16) bytes, each value
@@ -213,47 +233,42 @@ fn matrix_dims(t: &TensorInfo) -> Result<(usize, usize)> {
     Ok((rows, cols))
 }
 
-/// One quantization block per MLX group: (packed u32 words, f16 scales, f16 biases), row-major.
-fn repack(t: &TensorInfo, data: &[u8], rows: usize, cols: usize) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
-    if cols % GROUP != 0 {
-        return Err(Error::tensor(&t.name, format!("row length {cols} is not a multiple of {GROUP}")));
-    }
-    let (block_bytes, bits) = match t.kind {
-        GgmlType::Q4_0 => (18, 4),
-        GgmlType::Q4_1 => (20, 4),
-        _ => (34, 8),
+/// MLX affine form of a tensor `affine` reads: (packed u32 words, scales, biases), row-major,
+/// scales and biases as `scale_type` (F32, or F16 for the types whose scales are f16 values).
+fn repack(t: &TensorInfo, data: &[u8], rows: usize, cols: usize, bits: usize, scale_type: DType) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
+    let (block_values, block_bytes) = match (t.kind.block_size(), t.kind.type_size()) {
+        (Some(n), Some(b)) => (n as usize, b as usize),
+        _ => return Err(Error::UnsupportedQuant { tensor: t.name.clone(), kind: t.kind.to_string() }),
     };
-    let blocks = rows * cols / GROUP;
+    if cols % block_values != 0 {
+        return Err(Error::tensor(&t.name, format!("row length {cols} is not a multiple of {block_values}")));
+    }
+    let blocks = rows * cols / block_values;
     if data.len() != blocks * block_bytes {
         return Err(Error::tensor(&t.name, format!("expected {} bytes, found {}", blocks * block_bytes, data.len())));
     }
-    let mut words = Vec::with_capacity(blocks * GROUP * bits / 8);
-    let mut scales = Vec::with_capacity(blocks * 2);
-    let mut biases = Vec::with_capacity(blocks * 2);
+    let groups = rows * cols / GROUP;
+    let scale_width = if scale_type == DType::F32 { 4 } else { 2 };
+    let mut words = Vec::with_capacity(groups * GROUP * bits / 8);
+    let mut scales = Vec::with_capacity(groups * scale_width);
+    let mut biases = Vec::with_capacity(groups * scale_width);
+    let per_word = 32 / bits;
     for block in data.chunks_exact(block_bytes) {
-        let d = f16::from_le_bytes([block[0], block[1]]);
-        let (bias, q): (f16, [u8; GROUP]) = match t.kind {
-            // w = d·(q − 8)
-            GgmlType::Q4_0 => (f16::from_f32(-8.0 * d.to_f32()), nibbles(&block[2..18])),
-            // w = d·q + m
-            GgmlType::Q4_1 => (f16::from_le_bytes([block[2], block[3]]), nibbles(&block[4..20])),
-            // w = d·q with signed q: shift to unsigned, w = d·(q + 128) − 128·d
-            _ => (f16::from_f32(-128.0 * d.to_f32()), std::array::from_fn(|k| (block[2 + k] as i8 as i16 + 128) as u8)),
-        };
-        scales.extend_from_slice(&d.to_le_bytes());
-        biases.extend_from_slice(&bias.to_le_bytes());
-        let per_word = 32 / bits;
-        for chunk in q.chunks_exact(per_word) {
-            let word = chunk.iter().enumerate().fold(0u32, |w, (k, &v)| w | (v as u32) << (k * bits));
-            words.extend_from_slice(&word.to_le_bytes());
-        }
+        affine::groups(t.kind, block, |g| {
+            for (out, v) in [(&mut scales, g.scale), (&mut biases, g.bias)] {
+                match scale_type {
+                    DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+                    // Exact: Q4_0/Q4_1/Q8_0 scales are f16 values, and −8d, −128d their multiples.
+                    _ => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+                }
+            }
+            for chunk in g.q.chunks_exact(per_word) {
+                let word = chunk.iter().enumerate().fold(0u32, |w, (k, &v)| w | (v as u32) << (k * bits));
+                words.extend_from_slice(&word.to_le_bytes());
+            }
+        });
     }
     Ok((words, scales, biases))
-}
-
-/// The 32 4-bit values of a Q4 block: low nibbles are elements 0..16, high nibbles 16..32.
-fn nibbles(qs: &[u8]) -> [u8; GROUP] {
-    std::array::from_fn(|k| if k < 16 { qs[k] & 0x0F } else { qs[k - 16] >> 4 })
 }
 
 /// Undoes llama.cpp's interleaving of q/k rows for RoPE: within each head, row 2i+j moves to
@@ -358,7 +373,7 @@ mod tests {
         b.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
         b.extend_from_slice(&f16::from_f32(-1.0).to_le_bytes());
         b.extend((0..16u8).map(|k| k | (((k + 16) % 16) << 4)));
-        let (w, s, bias) = repack(&info(GgmlType::Q4_1), &b, 1, 32).unwrap();
+        let (w, s, bias) = repack(&info(GgmlType::Q4_1), &b, 1, 32, 4, DType::F16).unwrap();
         let words: Vec<u32> = w.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
         let value = |k: usize| (words[k / 8] >> ((k % 8) * 4)) & 0xF;
         let scale = f16::from_le_bytes([s[0], s[1]]).to_f32();
@@ -369,7 +384,7 @@ mod tests {
         // Q8_0: d = 0.25, q_k = k − 16 (signed)
         let mut b = f16::from_f32(0.25).to_le_bytes().to_vec();
         b.extend((0..32i32).map(|k| (k - 16) as i8 as u8));
-        let (w, s, bias) = repack(&info(GgmlType::Q8_0), &b, 1, 32).unwrap();
+        let (w, s, bias) = repack(&info(GgmlType::Q8_0), &b, 1, 32, 8, DType::F16).unwrap();
         let scale = f16::from_le_bytes([s[0], s[1]]).to_f32();
         let off = f16::from_le_bytes([bias[0], bias[1]]).to_f32();
         for k in 0..32 {
@@ -513,13 +528,47 @@ mod tests {
     }
 
     #[test]
-    fn mixed_quant_types_dequantize_everything_to_bf16() {
-        // One Q4_K tensor among Q8_0 ones: the Q8_0 tensors are dequantized too, and F32 tensors
-        // become bf16.
+    fn k_quant_mix_repacks_with_f32_scales_and_the_rest_becomes_f32() {
+        // One Q4_K tensor among Q8_0 ones: every quantized tensor is repacked with f32 scales
+        // (a K-quant's d·sc is not an f16 value), and F32 tensors stay f32.
         let mut embd = Vec::new();
         (0..4).for_each(|_| embd.extend(q8_0_block()));
         let mut w = gemma3_file(8, &embd);
         w.tensor("blk.0.ffn_down.weight", &[256, 1], 12, &q4_k_block(0.25));
+        let file = w.write();
+        let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
+        assert_eq!(cfg.torch_dtype.as_deref(), Some("float32"));
+        let q = cfg.quantization.as_ref().unwrap();
+        assert_eq!((q.bits, q.group_size), (8, 32));
+        assert_eq!(q.params_for("model.layers.0.mlp.down_proj").map(|p| (p.bits, p.group_size)), Some((4, 32)));
+        let f32s = |t: &Tensor| -> Vec<f32> { t.bytes().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+        // Q8_0: d = 0.25, q − 16 stored signed, shifted by 128: bias −32 (= −128·0.25).
+        let (s, b) = (w.get("model.embed_tokens.scales").unwrap(), w.get("model.embed_tokens.biases").unwrap());
+        assert_eq!((s.dtype, s.shape.as_slice(), f32s(s)), (DType::F32, &[4, 1][..], vec![0.25; 4]));
+        assert_eq!(f32s(b), vec![-32.0; 4]);
+        let words = w.get("model.embed_tokens.weight").unwrap();
+        assert_eq!((words.dtype, words.shape.as_slice()), (DType::U32, &[4, 8][..]));
+        assert_eq!(&words.bytes()[..4], [112, 113, 114, 115]); // q + 128 for q = −16..−13
+        // Q4_K: 8 groups, scale d·1, min 0, every nibble 1.
+        let (s, b) = (w.get("model.layers.0.mlp.down_proj.scales").unwrap(), w.get("model.layers.0.mlp.down_proj.biases").unwrap());
+        assert_eq!((f32s(s), f32s(b)), (vec![0.25; 8], vec![-0.0; 8]));
+        assert_eq!(w.get("model.layers.0.mlp.down_proj.weight").unwrap().bytes(), [0x11; 128]);
+        // 1.001 − 1 = 0.001, in f32.
+        assert_eq!(f32s(w.get("model.norm.weight").unwrap()), [0.0, 0.5, -0.75, (1.0f32 + 1e-3) - 1.0]);
+    }
+
+    #[test]
+    fn q6_k_dominated_files_dequantize_everything_to_bf16() {
+        // Q6_K has no affine form: held in f32 it would take more than bf16, so the whole file
+        // is bf16 (Q8_0 tensors dequantized too, F32 tensors rounded).
+        let mut embd = Vec::new();
+        (0..4).for_each(|_| embd.extend(q8_0_block()));
+        let mut w = gemma3_file(8, &embd);
+        // ql and qh, then 16 scales of 1 and d = 0.5.
+        let mut q6 = vec![0x11u8; 192];
+        q6.extend_from_slice(&[1; 16]);
+        q6.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        w.tensor("blk.0.ffn_down.weight", &[256, 1], 14, &q6);
         let file = w.write();
         let (w, cfg) = load(&Gguf::open(&file.0).unwrap()).unwrap();
         assert!(cfg.quantization.is_none());
@@ -529,7 +578,8 @@ mod tests {
         let want: Vec<f32> = (0..4).flat_map(|_| (0..32).map(|k| 0.25 * (k as f32 - 16.0))).collect();
         assert_eq!(bf16_values(embd), want);
         let down = w.get("model.layers.0.mlp.down_proj.weight").unwrap();
-        assert_eq!((down.shape.as_slice(), bf16_values(down)), (&[1, 256][..], vec![0.25; 256]));
+        let want = quants::dequantize("t", GgmlType::Q6K, &q6, 256).unwrap();
+        assert_eq!((down.shape.as_slice(), bf16_values(down)), (&[1, 256][..], want));
         // 1.001 − 1 = 0.001 (in f32), then rounded to bf16.
         let norm = w.get("model.norm.weight").unwrap();
         assert_eq!(bf16_values(norm), [0.0, 0.5, -0.75, bf16::from_f32((1.0f32 + 1e-3) - 1.0).to_f32()]);
@@ -564,8 +614,12 @@ mod tests {
         let t = |kind| TensorInfo { name: "t".into(), dims: vec![32], kind, offset: 0 };
         assert_eq!(storage(&[t(GgmlType::F32), t(GgmlType::Q4_0), t(GgmlType::Q8_0)]).unwrap(), Storage::Repack);
         assert_eq!(storage(&[t(GgmlType::F16), t(GgmlType::BF16)]).unwrap(), Storage::Repack);
+        // Bytes of the f32 form against bf16's 2 per element: Q8_0 1.25, Q4_K 0.75, Q6_K 4.
         assert_eq!(storage(&[t(GgmlType::Q8_0), t(GgmlType::Q6K)]).unwrap(), Storage::Bf16);
-        assert_eq!(storage(&[t(GgmlType::Q5_0)]).unwrap(), Storage::Bf16);
+        assert_eq!(storage(&[t(GgmlType::Q5_0)]).unwrap(), Storage::F32);
+        assert_eq!(storage(&[t(GgmlType::Q4K), t(GgmlType::Q8_0), t(GgmlType::Q6K)]).unwrap(), Storage::F32);
+        assert_eq!(storage(&[t(GgmlType::Q4K), t(GgmlType::Q6K), t(GgmlType::Q6K)]).unwrap(), Storage::Bf16);
+        assert_eq!(storage(&[t(GgmlType::Q3K)]).unwrap(), Storage::Bf16);
         assert!(storage(&[t(GgmlType::Q8K)]).is_err());
     }
 
@@ -578,14 +632,18 @@ mod tests {
         let (w, cfg) = load(&g).unwrap();
         assert_eq!(cfg.model_type, "gemma3_text");
         assert_eq!((cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), (640, 18, 256, 262144));
-        assert!(cfg.tie_word_embeddings == Some(true) && cfg.quantization.is_none());
-        // 236 GGUF tensors, one HF tensor each, all bf16.
-        assert_eq!(w.len(), 236);
-        for name in w.names() {
-            assert_eq!(w.get(name).unwrap().dtype, DType::BF16, "{name}");
-        }
-        assert_eq!(w.get("model.embed_tokens.weight").unwrap().shape, [262144, 640]);
-        assert_eq!(w.get("model.layers.17.mlp.down_proj.weight").unwrap().shape, [640, 2048]);
+        assert!(cfg.tie_word_embeddings == Some(true) && cfg.torch_dtype.as_deref() == Some("float32"));
+        // Q8_0 (embedding, v), Q5_0 (q, k, gate, up) and Q4_K (o) repacked with f32 scales; Q6_K
+        // (down) and the norms f32.
+        let q = cfg.quantization.as_ref().unwrap();
+        assert_eq!((q.bits, q.group_size), (8, 32));
+        assert_eq!(q.params_for("model.layers.0.self_attn.o_proj").map(|p| p.bits), Some(4));
+        assert_eq!(w.get("model.embed_tokens.weight").unwrap().shape, [262144, 160]);
+        assert_eq!(w.get("model.embed_tokens.scales").unwrap().dtype, DType::F32);
+        assert_eq!(w.get("model.layers.0.self_attn.o_proj.weight").unwrap().shape, [640, 128]);
+        let down = w.get("model.layers.17.mlp.down_proj.weight").unwrap();
+        assert_eq!((down.dtype, down.shape.as_slice()), (DType::F32, &[640, 2048][..]));
+        assert!(!w.has("model.layers.17.mlp.down_proj.scales"));
         assert_eq!(w.get("model.layers.0.self_attn.q_norm.weight").unwrap().shape, [256]);
     }
 }
