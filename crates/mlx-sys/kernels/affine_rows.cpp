@@ -189,19 +189,42 @@ KERNEL __attribute__((always_inline)) inline void transpose8(const uint32_t* w, 
   }
 }
 
+// Words [0, count) of one group for sixteen rows (t0: rows 0-7, t1: rows 8-15, transposed),
+// added into the two sets of lanes. Kept apart from the transposition so that the compiler holds
+// the sums in registers (inlined into one loop, they were spilled to the stack at every word: a
+// store and a load on each sum's chain of dependent additions).
+template <int bits, class R>
+KERNEL __attribute__((noinline)) void group_words(__m256* acc, const __m256i* t0, const __m256i* t1, const float* x, int count,
+                                                  __m256 s0, __m256 b0, __m256 s1, __m256 b1) {
+  constexpr int per_word = 32 / bits;
+  const __m256i mask = _mm256_set1_epi32((1u << bits) - 1);
+  __m256 acc0 = acc[0], acc1 = acc[1];
+  for (int i = 0; i < count; i++) {
+    __m256i v0 = t0[i], v1 = t1[i];
+    const float* xk = x + size_t(i) * per_word;
+#pragma GCC unroll 1
+    for (int j = 0; j < per_word; j++) {
+      const __m256 xj = _mm256_broadcast_ss(xk + j);
+      acc0 = step<R>(acc0, v0, mask, s0, b0, xj);
+      acc1 = step<R>(acc1, v1, mask, s1, b1, xj);
+      v0 = _mm256_srli_epi32(v0, bits);
+      v1 = _mm256_srli_epi32(v1, bits);
+    }
+  }
+  acc[0] = acc0, acc[1] = acc1;
+}
+
 // Rows [n0, n1) sixteen at a time (two sets of lanes in flight hide the latency of the
 // additions, each lane's sum being one dependent chain); returns the first row not done. Words
 // are read eight per row at once and transposed (a gather per word is several times slower).
 template <int bits, class R>
 KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int n1) {
   constexpr int per_word = 32 / bits;
-  const __m256i mask = _mm256_set1_epi32((1u << bits) - 1);
   const int words = o.K / per_word, words_per_group = o.group_size / per_word;
   const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(words));
   int n = n0;
   for (; n + 16 <= n1; n += 16) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m256 s0 = _mm256_setzero_ps(), b0 = s0, s1 = s0, b1 = s0;  // set at c = 0, group 0
+    alignas(32) __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     const uint32_t* w0 = o.w + size_t(n) * words;
     const uint32_t* w1 = w0 + size_t(8) * words;
     // The sixteen rows of the next block follow these in memory: fetched a little at each
@@ -219,37 +242,33 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
       }
     }
     alignas(32) __m256i t0[8], t1[8];
-    for (int c = 0; c < words; c++) {
-      const int i = c % 8;
-      if (i == 0 && c + 8 <= words) {
+    for (int c = 0; c < words; c += 8) {
+      const int chunk = std::min(8, words - c);
+      if (chunk == 8) {
         for (int l = 0; l < 8 && next < next_end; l++, next += 64) {
           _mm_prefetch(next, _MM_HINT_T0);
         }
         transpose8(w0 + c, words, t0);
         transpose8(w1 + c, words, t1);
-      } else if (c >= words / 8 * 8) {
+      } else {
         // The last words of a row not a multiple of eight: one gather each.
-        t0[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w0 + c), stride, 4);
-        t1[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w1 + c), stride, 4);
+        for (int i = 0; i < chunk; i++) {
+          t0[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w0 + c + i), stride, 4);
+          t1[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w1 + c + i), stride, 4);
+        }
       }
-      if (c % words_per_group == 0) {
-        const int g = c / words_per_group;
-        s0 = load8(o, o.scales, n, g), b0 = load8(o, o.biases, n, g);
-        s1 = load8(o, o.scales, n + 8, g), b1 = load8(o, o.biases, n + 8, g);
-      }
-      __m256i v0 = t0[i], v1 = t1[i];
-      const float* xk = x + size_t(c) * per_word;
-#pragma GCC unroll 16
-      for (int j = 0; j < per_word; j++) {
-        const __m256 xj = _mm256_broadcast_ss(xk + j);
-        acc0 = step<R>(acc0, v0, mask, s0, b0, xj);
-        acc1 = step<R>(acc1, v1, mask, s1, b1, xj);
-        v0 = _mm256_srli_epi32(v0, bits);
-        v1 = _mm256_srli_epi32(v1, bits);
+      // The chunk's words group by group (a group may start or end inside it).
+      for (int i = 0; i < chunk;) {
+        const int g = (c + i) / words_per_group;
+        const int count = std::min(chunk - i, words_per_group - (c + i) % words_per_group);
+        const __m256 s0 = load8(o, o.scales, n, g), b0 = load8(o, o.biases, n, g);
+        const __m256 s1 = load8(o, o.scales, n + 8, g), b1 = load8(o, o.biases, n + 8, g);
+        group_words<bits, R>(acc, t0 + i, t1 + i, x + size_t(c + i) * per_word, count, s0, b0, s1, b1);
+        i += count;
       }
     }
-    _mm256_storeu_ps(out + n, acc0);
-    _mm256_storeu_ps(out + n + 8, acc1);
+    _mm256_storeu_ps(out + n, acc[0]);
+    _mm256_storeu_ps(out + n + 8, acc[1]);
   }
   return n;
 }
