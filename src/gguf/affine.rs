@@ -7,11 +7,12 @@
 //! exact: an f16 times a 6-bit integer needs at most 17 bits of mantissa. And `scale·q + bias`
 //! computed in f32 is, for finite scales, the value `quants::dequantize` (llama.cpp's reference)
 //! gives, bit for bit but for the sign of a zero (`d·8 − 8d` is +0 where `d·(8 − 8)` is −0 for a
-//! negative `d`, which changes no sum but one that is exactly zero): `scale·q` is exact (at most 11 + 8 bits), and the one rounding of the sum is
-//! the one llama.cpp's `d·(q − 8)`, `d·q + m` or `d·sc·q − dmin·m` makes (the signed types shift
-//! `q` up and take the shift back in the bias, `d·q − 8d = d·(q − 8)` exactly). Q2_K, Q3_K and
-//! Q6_K scale every 16 values, a group size MLX does not take.
-use super::quants::{f16_at, five_bit, scale_min_k4};
+//! negative `d`, which changes no sum but one that is exactly zero): `scale·q` is exact (at most
+//! 11 + 8 bits), and the one rounding of the sum is the one llama.cpp's `d·(q − 8)`, `d·q + m`
+//! or `d·sc·q − dmin·m` makes (the signed types shift `q` up and take the shift back in the bias,
+//! `d·q − 8d = d·(q − 8)` exactly). Q2_K, Q3_K and Q6_K scale every 16 values, a group size MLX
+//! does not take. The values are unpacked by `quants`' own helpers, as its dequantizers do.
+use super::quants::{f16_at, five_bit, k_group, nibbles, scale_min_k4};
 use super::GgmlType;
 
 /// Values per group.
@@ -56,28 +57,17 @@ pub fn groups(kind: GgmlType, block: &[u8], mut sink: impl FnMut(Group)) {
             let d = f16_at(block, 0);
             sink(one(d, -128.0 * d, std::array::from_fn(|k| (block[2 + k] as i8 as i16 + 128) as u8)))
         }
-        // Eight groups: w = (d·sc)·q − dmin·m; element 64c + 32k + l is nibble k of qs[32c + l],
-        // plus (Q5_K) bit g of qh[l] as its fifth bit.
+        // Eight groups: w = (d·sc)·q − dmin·m.
         GgmlType::Q4K | GgmlType::Q5K => {
             let (d, dmin, scales) = (f16_at(block, 0), f16_at(block, 2), &block[4..16]);
             let (qh, qs) = if kind == GgmlType::Q5K { (Some(&block[16..48]), &block[48..176]) } else { (None, &block[16..144]) };
             for g in 0..8 {
                 let (sc, m) = scale_min_k4(g, scales);
-                let q = std::array::from_fn(|l| {
-                    let byte = qs[32 * (g / 2) + l];
-                    let low = if g % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                    low | qh.map_or(0, |qh| ((qh[l] >> g) & 1) << 4)
-                });
-                sink(one(d * sc as f32, -(dmin * m as f32), q));
+                sink(one(d * sc as f32, -(dmin * m as f32), k_group(qs, qh, g)));
             }
         }
         _ => {}
     }
-}
-
-/// The 32 4-bit values of a Q4_0/Q4_1 block: low nibbles are elements 0..16, high nibbles 16..32.
-fn nibbles(qs: &[u8]) -> [u8; GROUP] {
-    std::array::from_fn(|k| if k < 16 { qs[k] & 0x0F } else { qs[k - 16] >> 4 })
 }
 
 #[cfg(test)]

@@ -237,19 +237,22 @@ fn bf16_value(b: &[u8], y: &mut [f32]) {
     y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
 }
 
+/// The 32 4-bit values of a Q4_0/Q4_1 block: low nibbles are elements 0..16, high nibbles 16..32.
+pub(super) fn nibbles(qs: &[u8]) -> [u8; 32] {
+    std::array::from_fn(|k| if k < 16 { qs[k] & 0x0F } else { qs[k - 16] >> 4 })
+}
+
 fn q4_0(b: &[u8], y: &mut [f32]) {
     let d = f16_at(b, 0);
-    for (j, &q) in b[2..18].iter().enumerate() {
-        y[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-        y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+    for (y, q) in y.iter_mut().zip(nibbles(&b[2..18])) {
+        *y = (q as i32 - 8) as f32 * d;
     }
 }
 
 fn q4_1(b: &[u8], y: &mut [f32]) {
     let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-    for (j, &q) in b[4..20].iter().enumerate() {
-        y[j] = (q & 0x0F) as f32 * d + m;
-        y[j + 16] = (q >> 4) as f32 * d + m;
+    for (y, q) in y.iter_mut().zip(nibbles(&b[4..20])) {
+        *y = q as f32 * d + m;
     }
 }
 
@@ -320,19 +323,24 @@ pub(super) fn scale_min_k4(g: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K and Q5_K: element i = 64c + 32k + l is nibble k (low, then high) of qs[32c + l], in group
-/// g = 2c + k; Q5_K adds bit g of qh[l] as the 5th bit.
+/// The 32 values of group g (0..8) of a Q4_K/Q5_K block: element 64c + 32k + l (g = 2c + k) is
+/// nibble k (low, then high) of qs[32c + l]; Q5_K adds bit g of qh[l] as the 5th bit.
+pub(super) fn k_group(qs: &[u8], qh: Option<&[u8]>, g: usize) -> [u8; 32] {
+    std::array::from_fn(|l| {
+        let byte = qs[32 * (g / 2) + l];
+        let low = if g % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+        low | qh.map_or(0, |qh| ((qh[l] >> g) & 1) << 4)
+    })
+}
+
+/// Q4_K and Q5_K: group g of 32 is y = d·sc·q − dmin·min.
 fn k4_k5(b: &[u8], qh: Option<&[u8]>, qs: &[u8], y: &mut [f32]) {
     let (d, dmin, scales) = (f16_at(b, 0), f16_at(b, 2), &b[4..16]);
-    for (i, y) in y.iter_mut().enumerate() {
-        let (g, c, l) = (i / 32, i / 64, i % 32);
-        let byte = qs[32 * c + l];
-        let mut q = if g % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-        if let Some(qh) = qh {
-            q |= ((qh[l] >> g) & 1) << 4;
-        }
+    for (g, y) in y.chunks_exact_mut(32).enumerate() {
         let (sc, m) = scale_min_k4(g, scales);
-        *y = d * sc as f32 * q as f32 - dmin * m as f32;
+        for (y, q) in y.iter_mut().zip(k_group(qs, qh, g)) {
+            *y = d * sc as f32 * q as f32 - dmin * m as f32;
+        }
     }
 }
 
