@@ -1,6 +1,7 @@
 //! Thin helpers over mlx-rs: the exit gate, host-memory conversions, backend facts, idle
-//! memory and our own kernels. No model logic here.
+//! memory, kept compiled functions and our own kernels. No model logic here.
 pub mod backend;
+pub mod compiled;
 pub mod gate;
 pub mod host;
 pub mod kernels;

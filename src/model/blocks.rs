@@ -4,7 +4,6 @@
 //! (Gemma 2).
 use mlx_rs::error::Exception;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
-use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array};
 
 use super::config::ModelConfig;
@@ -13,6 +12,7 @@ use super::layers::{scalar, Linear, Mlp, RmsNorm};
 use super::weights::Weights;
 use crate::cache::causal_mask;
 use crate::error::Result;
+use crate::mlx::compiled;
 
 /// mlx.nn.LayerNorm with its weight and bias.
 pub struct LayerNorm {
@@ -92,12 +92,13 @@ impl From<Mlp> for FeedForward {
 /// mlx.nn.gelu, x · (1 + erf(x / √2)) / 2, compiled as MLX compiles it, with scalars in the
 /// input's dtype like Python's weak floats.
 pub fn gelu(x: &Array) -> Result<Array> {
-    let f = |x: &Array| -> std::result::Result<Array, Exception> {
+    let f = |a: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let x = &a[0];
         let c = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
         let erf = ops::erf(ops::divide(x, &c(std::f32::consts::SQRT_2)?)?)?;
-        ops::divide(&ops::multiply(x, &ops::add(&c(1.0)?, &erf)?)?, &c(2.0)?)
+        Ok(vec![ops::divide(&ops::multiply(x, &ops::add(&c(1.0)?, &erf)?)?, &c(2.0)?)?])
     };
-    Ok(compile(f, true)(x)?)
+    Ok(compiled::call1(("gelu", [0; 4]), true, &[x.clone()], f)?)
 }
 
 /// cap · tanh(x / cap): values squashed smoothly into (-cap, cap) (Gemma 2's scores and logits).

@@ -16,6 +16,7 @@ use super::weights::Weights;
 use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, LayerCache, RecurrentCache, StepShape};
 use crate::error::{Error, Result};
+use crate::mlx::compiled;
 
 /// How the input projections are stored. Qwen3.5 keeps them apart; Qwen3-Next fuses each pair
 /// per key head; llama.cpp's Qwen3-Next files keep b and a fused but q, k, v and z apart.
@@ -301,19 +302,21 @@ fn delta_step(args: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
 /// Each token's state decay: exp(-exp(A_log) · softplus(a + dt_bias)) in f32 (mlx-lm's compiled
 /// `compute_g`).
 fn decay(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
-    let f = |(a_log, a, dt_bias): (&Array, &Array, &Array)| -> std::result::Result<Array, Exception> {
+    let f = |i: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let (a_log, a, dt_bias) = (&i[0], &i[1], &i[2]);
         let x = ops::add(a, dt_bias)?;
         let softplus = ops::logaddexp(&x, Array::from_f32(0.0).as_dtype(x.dtype())?)?;
-        ops::exp(ops::multiply(ops::negative(ops::exp(a_log.as_dtype(Dtype::Float32)?)?)?, softplus)?)
+        Ok(vec![ops::exp(ops::multiply(ops::negative(ops::exp(a_log.as_dtype(Dtype::Float32)?)?)?, softplus)?)?])
     };
-    Ok(compile(f, true)((a_log, a, dt_bias))?)
+    Ok(compiled::call1(("decay", [0; 4]), true, &[a_log.clone(), a.clone(), dt_bias.clone()], f)?)
 }
 
 /// silu(gate) · x computed in f32, in `h`'s dtype (mlx-lm's compiled `precise_swiglu`).
 fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array> {
-    let f = |(h, gate, x): (&Array, &Array, &Array)| -> std::result::Result<Array, Exception> {
+    let f = |i: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let (h, gate, x) = (&i[0], &i[1], &i[2]);
         let g = gate.as_dtype(Dtype::Float32)?;
-        ops::multiply(ops::multiply(&g, ops::sigmoid(&g)?)?, x.as_dtype(Dtype::Float32)?)?.as_dtype(h.dtype())
+        Ok(vec![ops::multiply(ops::multiply(&g, ops::sigmoid(&g)?)?, x.as_dtype(Dtype::Float32)?)?.as_dtype(h.dtype())?])
     };
-    Ok(compile(f, true)((h, gate, x))?)
+    Ok(compiled::call1(("precise_swiglu", [0; 4]), true, &[h.clone(), gate.clone(), x.clone()], f)?)
 }

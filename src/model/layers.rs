@@ -2,18 +2,15 @@
 //! quantized), RMSNorm and gated MLPs (attention in attention.rs, RoPE in rope.rs). Scalars that
 //! meet activations are cast to the activation dtype first, as Python's weak scalars are in
 //! mlx-lm, so bf16 models stay bf16 and match it bit for bit.
-use std::ops::Range;
-
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::compile::compile;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::blocks::gelu;
 use super::config::{ModelConfig, QuantParams};
 use super::weights::{F32Matmuls, Weights};
 use crate::error::{Error, Result};
-use crate::mlx::{backend, kernels};
+use crate::mlx::{backend, compiled, kernels};
 
 /// A scalar in `like`'s dtype (a Python float in mlx-lm).
 pub fn scalar(v: f32, like: &Array) -> Result<Array> {
@@ -54,6 +51,8 @@ pub struct QuantWeight {
     /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
     /// times faster where MLX's CPU kernel is scalar (x86_64).
     rows_kernel: bool,
+    /// `[weight, scales, biases]` of each half of the rows where products split (`split_at`).
+    halves: Option<[[Array; 3]; 2]>,
 }
 
 /// Rows of `x` from which a product dequantizes under `dequantize_rows`: where our kernel's
@@ -81,7 +80,17 @@ impl QuantWeight {
         }
         let dequantize_rows = w.f32_matmuls() == F32Matmuls::All && backend::is_cpu();
         let rows_kernel = matches!(params.bits, 2 | 4 | 8) && kernels::affine_rows_fast();
-        Ok(QuantWeight { weight: w.array_shaped(&format!("{path}.weight"), &[rows, packed])?, scales, biases, params, half, dequantize_rows, rows_kernel })
+        let weight = w.array_shaped(&format!("{path}.weight"), &[rows, packed])?;
+        let halves = match split_at(rows, cols) {
+            Some(h) => {
+                let [w0, w1] = halves(&weight, h)?;
+                let [s0, s1] = halves(&scales, h)?;
+                let [b0, b1] = halves(&biases, h)?;
+                Some([[w0, s0, b0], [w1, s1, b1]])
+            }
+            None => None,
+        };
+        Ok(QuantWeight { weight, scales, biases, params, half, dequantize_rows, rows_kernel, halves })
     }
 
     /// `a` in the dtype the stored scales give outputs (as it is, unless they are held in f32).
@@ -101,49 +110,51 @@ impl QuantWeight {
             return Ok(y.as_dtype(x.dtype())?);
         }
         let (group, bits) = (self.params.group_size, self.params.bits);
-        let y = by_halves(self.weight.shape()[0], x, |r| {
-            let (w, s, b) = (rows(&self.weight, &r), rows(&self.scales, &r), rows(&self.biases, &r));
+        let product = |[w, s, b]: &[Array; 3]| -> Result<Array> {
             if self.rows_kernel {
-                return Ok(kernels::affine_rows_matmul(x, &w, &s, &b, group, bits)?);
+                return Ok(kernels::affine_rows_matmul(x, w, s, b, group, bits)?);
             }
-            Ok(ops::quantized_matmul(x, &w, &s, &b, true, group, bits)?)
-        })?;
+            Ok(ops::quantized_matmul(x, w, s, b, true, group, bits)?)
+        };
+        let y = match &self.halves {
+            Some([first, second]) => joined(product(first)?, backend::on_second_stream(|| product(second))?)?,
+            None => product(&[self.weight.clone(), self.scales.clone(), self.biases.clone()])?,
+        };
         self.stored(y, x)
     }
 }
 
-/// `x` times a matrix of `out` rows (transposed), `part(None)` at once or `part(Some(rows))` for
-/// some of them. On MLX's CPU backend, whose bf16/f16 and quantized matmul kernels run on one
-/// core, the rows of a large enough matrix are split in two halves, the second computed on the
-/// thread's second stream (another core), and the halves joined: each output element is computed
-/// exactly as in one product (bit for bit, checked with mlx on SmolLM2's shapes for 1, 8 and 128
-/// rows of x), 1.5-2x faster. Below SPLIT_MIN_ELEMENTS the second stream costs more than it
-/// saves (192×576: 0.18 ms at once, 0.23 ms split). f32 products (BLAS, already threaded) and
-/// Metal use one product.
-fn by_halves(out: i32, x: &Array, part: impl Fn(Option<Range<i32>>) -> Result<Array>) -> Result<Array> {
-    const SPLIT_MIN_ELEMENTS: i64 = 1 << 18;
-    let inner = x.shape().last().copied().unwrap_or(0);
-    if (out as i64) * (inner as i64) < SPLIT_MIN_ELEMENTS || !backend::is_cpu() {
-        return part(None);
-    }
-    let h = out / 2;
-    let first = part(Some(0..h))?;
-    let second = backend::on_second_stream(|| part(Some(h..out)))?;
-    Ok(ops::concatenate(&[&first, &second], -1)?)
+/// Where a product with a matrix of `out` rows of `inner` columns splits its rows in two: on
+/// MLX's CPU backend, whose bf16/f16 and quantized matmul kernels run on one core, the first half
+/// is computed on the thread's default stream, the second on its second stream (another core), and
+/// the halves joined: each output element is computed exactly as in one product (bit for bit,
+/// checked with mlx on SmolLM2's shapes for 1, 8 and 128 rows of x), 1.5-2x faster. Below
+/// SPLIT_MIN_ELEMENTS the second stream costs more than it saves (192×576: 0.18 ms at once, 0.23
+/// ms split). f32 products (BLAS, already threaded) and Metal use one product.
+fn split_at(out: usize, inner: usize) -> Option<i32> {
+    const SPLIT_MIN_ELEMENTS: usize = 1 << 18;
+    (out.saturating_mul(inner) >= SPLIT_MIN_ELEMENTS && backend::is_cpu()).then_some((out / 2) as i32)
 }
 
-/// Rows `r` of `a` (all of them for `None`).
-fn rows(a: &Array, r: &Option<Range<i32>>) -> Array {
-    match r {
-        Some(r) => a.index(r.clone()),
-        None => a.clone(),
-    }
+/// Rows `..h` and `h..` of `a`, sliced once at load: a slice taken in every step would be one more
+/// node of each step's graph for MLX to evaluate (30 a layer of SmolLM2), each as costly to
+/// schedule as a small product. An evaluated slice is a view of the same buffer (no copy).
+fn halves(a: &Array, h: i32) -> Result<[Array; 2]> {
+    let parts = [a.index(..h), a.index(h..)];
+    mlx_rs::transforms::eval(&parts)?;
+    Ok(parts)
+}
+
+/// A product's two halves of output columns joined.
+fn joined(first: Array, second: Array) -> Result<Array> {
+    Ok(ops::concatenate(&[&first, &second], -1)?)
 }
 
 /// A dense matrix W [out, in] for `x · Wᵀ`.
 pub enum Dense {
-    /// As stored; MLX multiplies by its transposed view.
-    Native(Array),
+    /// As stored; MLX multiplies by its transposed view. `halves`: its rows in two where
+    /// half-precision products split (`split_at`; f32 goes through BLAS, threaded already).
+    Native { w: Array, halves: Option<[Array; 2]> },
     /// Held transposed and contiguous, [in, out], in f32 (`f32Matmuls: 'all'`); `dtype` is the
     /// stored one, which activations keep. On MLX's CPU backend f32 matmuls go through BLAS,
     /// while bf16/f16 use MLX's own kernel, several times slower; BLAS may round this layout
@@ -156,7 +167,11 @@ impl Dense {
         let weight = w.array_shaped(name, &[rows, cols])?;
         let dtype = weight.dtype();
         if w.f32_matmuls() != F32Matmuls::All {
-            return Ok(Dense::Native(weight));
+            let halves = match split_at(rows, cols) {
+                Some(h) if dtype != Dtype::Float32 => Some(halves(&weight, h)?),
+                _ => None,
+            };
+            return Ok(Dense::Native { w: weight, halves });
         }
         let wt = weight.as_dtype(Dtype::Float32)?.t().contiguous()?;
         wt.eval()?;
@@ -166,19 +181,20 @@ impl Dense {
     /// `x · Wᵀ (+ bias)`, in x's dtype.
     fn matmul_t(&self, x: &Array, bias: Option<&Array>) -> Result<Array> {
         match self {
-            Dense::Native(w) => {
-                let part = |r: Option<Range<i32>>| -> Result<Array> {
-                    let w = rows(w, &r);
-                    Ok(match bias {
-                        Some(b) => ops::addmm(rows(b, &r), x, w.t(), None, None)?,
+            Dense::Native { w, halves } => {
+                let product = |w: &Array, b: Option<Array>| -> Result<Array> {
+                    Ok(match b {
+                        Some(b) => ops::addmm(b, x, w.t(), None, None)?,
                         None => ops::matmul(x, w.t())?,
                     })
                 };
-                // f32 goes through BLAS, threaded already (`f32Matmuls: 'none'` keeps it here).
-                if w.dtype() == Dtype::Float32 {
-                    part(None)
-                } else {
-                    by_halves(w.shape()[0], x, part)
+                match halves {
+                    Some([first, second]) => {
+                        let h = first.shape()[0];
+                        let (b0, b1) = (bias.map(|b| b.index(..h)), bias.map(|b| b.index(h..)));
+                        joined(product(first, b0)?, backend::on_second_stream(|| product(second, b1))?)
+                    }
+                    None => product(w, bias.cloned()),
                 }
             }
             Dense::F32T { wt, .. } => {
@@ -195,7 +211,7 @@ impl Dense {
     /// Rows `ids` of W (an embedding lookup), in the stored dtype.
     fn rows(&self, ids: &Array) -> Result<Array> {
         match self {
-            Dense::Native(w) => Ok(w.take_axis(ids, 0)?),
+            Dense::Native { w, .. } => Ok(w.take_axis(ids, 0)?),
             Dense::F32T { wt, dtype } => {
                 let mut shape = ids.shape().to_vec();
                 shape.push(wt.shape()[0]);
@@ -299,8 +315,27 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        let n = x.shape().last().copied().unwrap_or(0);
+        if !(backend::is_cpu() && compiled::compiles(x) && x.dtype() == self.weight.dtype() && n > 0) {
+            return Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?);
+        }
+        // MLX's CPU fallback is ten nodes; compiled, three (the sum and one fused kernel each
+        // side). Its constants go in as inputs: MLX's compiler prints constants into its kernels'
+        // source with 7 significant digits (1/576 would become another f32).
+        let inputs = [x.clone(), self.weight.clone(), Array::from_f32(self.eps), Array::from_f32((1.0 / n as f64) as f32)];
+        Ok(compiled::call1(("rms_norm", [0; 4]), false, &inputs, rms_norm_fallback)?)
     }
+}
+
+/// MLX's CPU fallback of `fast::rms_norm` (mlx/fast.cpp), operation for operation, with its
+/// constants as inputs: x · rsqrt(mean(x²) + eps) in f32, in x's dtype, times the weight.
+/// `mean` is MLX's: the sum times 1/n rounded to f32 from a double.
+fn rms_norm_fallback(a: &[Array]) -> std::result::Result<Vec<Array>, Exception> {
+    let (x, weight, eps, inv_n) = (&a[0], &a[1], &a[2], &a[3]);
+    let x32 = x.as_dtype(Dtype::Float32)?;
+    let mean = ops::multiply(ops::sum_axis(ops::square(&x32)?, -1, true)?, inv_n)?;
+    let y = ops::multiply(&x32, ops::rsqrt(ops::add(&mean, eps)?)?)?;
+    Ok(vec![ops::multiply(y.as_dtype(x.dtype())?, weight)?])
 }
 
 #[derive(Clone, Copy)]
@@ -371,19 +406,20 @@ impl Activation {
 
 /// mlx-lm's compiled `swiglu`: silu(gate) · x in one fused kernel.
 pub(super) fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
-    let f = |(g, x): (&Array, &Array)| -> std::result::Result<Array, Exception> { g.multiply(ops::sigmoid(g)?)?.multiply(x) };
-    Ok(compile(f, true)((gate, x))?)
+    let f = |a: &[Array]| Ok(vec![a[0].multiply(ops::sigmoid(&a[0])?)?.multiply(&a[1])?]);
+    Ok(compiled::call1(("swiglu", [0; 4]), true, &[gate.clone(), x.clone()], f)?)
 }
 
 /// MLX's compiled `gelu_approx`, with scalars in the input's dtype like Python's weak floats.
 fn gelu_approx(x: &Array) -> Result<Array> {
-    let f = |x: &Array| -> std::result::Result<Array, Exception> {
+    let f = |a: &[Array]| -> std::result::Result<Vec<Array>, Exception> {
+        let x = &a[0];
         let c = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
         let cube = ops::power(x, &c(3.0)?)?;
         let inner = ops::multiply(&c((2.0f64 / std::f64::consts::PI).sqrt() as f32)?, &ops::add(x, &ops::multiply(&c(0.044715)?, &cube)?)?)?;
-        ops::multiply(&ops::multiply(&c(0.5)?, x)?, &ops::add(&c(1.0)?, &ops::tanh(&inner)?)?)
+        Ok(vec![ops::multiply(&ops::multiply(&c(0.5)?, x)?, &ops::add(&c(1.0)?, &ops::tanh(&inner)?)?)?])
     };
-    Ok(compile(f, true)(x)?)
+    Ok(compiled::call1(("gelu_approx", [0; 4]), true, &[x.clone()], f)?)
 }
 
 #[cfg(test)]
@@ -397,6 +433,26 @@ mod tests {
         a.as_slice::<f32>().to_vec()
     }
 
+    /// The kept compiled RMSNorm gives MLX's `fast::rms_norm` bit for bit, in f32, bf16 and f16,
+    /// for widths whose 1/n is no short decimal (MLX's compiler would print it rounded).
+    #[test]
+    fn compiled_rms_norm_equals_mlx_bit_for_bit() {
+        assert!(backend::is_cpu(), "the compiled RMSNorm is the CPU backend's");
+        for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+            for (shape, eps) in [(&[1, 1, 576][..], 1e-5), (&[64, 1, 576], 1e-5), (&[4, 8, 1, 960], 1e-6), (&[2, 3, 1, 64], 1e-6), (&[7, 1, 2560], 1e-5)] {
+                let n = *shape.last().unwrap();
+                let x = random::normal::<f32>(shape, None, None, None).unwrap().as_dtype(dtype).unwrap();
+                let w = random::normal::<f32>(&[n], None, None, None).unwrap().as_dtype(dtype).unwrap();
+                let norm = RmsNorm::from_weight(w.clone(), eps);
+                assert!(compiled::compiles(&x));
+                let mlx = fast::rms_norm(&x, Some(&w), eps).unwrap();
+                let (ours, mlx) = (host(norm.forward(&x).unwrap()), host(mlx));
+                let differ = ours.iter().zip(&mlx).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{dtype:?} {shape:?}: {differ} of {} values differ", mlx.len());
+            }
+        }
+    }
+
     /// Split products are bit for bit the one product, bf16 and 4-bit alike (on Metal both
     /// sides are one product).
     #[test]
@@ -406,13 +462,26 @@ mod tests {
         let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
         let x = random::normal::<f32>(&[8, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
         let bf16 = w.as_dtype(Dtype::Bfloat16).unwrap();
-        let dense = |r: Option<Range<i32>>| -> Result<Array> { Ok(ops::matmul(&x, rows(&bf16, &r).t())?) };
-        assert_eq!(host(by_halves(1536, &x, dense).unwrap()), host(dense(None).unwrap()));
+        let h = split_at(1536, 576).expect("1536×576 splits");
+        let split = Dense::Native { w: bf16.clone(), halves: Some(halves(&bf16, h).unwrap()) };
+        let bias = random::normal::<f32>(&[1536], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+        for b in [None, Some(&bias)] {
+            let one = ops::matmul(&x, bf16.t()).unwrap();
+            let one = b.map_or(one.clone(), |b| ops::addmm(b, &x, bf16.t(), None, None).unwrap());
+            assert_eq!(host(split.matmul_t(&x, b).unwrap()), host(one));
+        }
         let (q, s, b) = ops::quantize(&bf16, 64, 4).unwrap();
-        let quant = |r: Option<Range<i32>>| -> Result<Array> {
-            Ok(ops::quantized_matmul(&x, rows(&q, &r), rows(&s, &r), &rows(&b, &r), true, 64, 4)?)
-        };
-        assert_eq!(host(by_halves(1536, &x, quant).unwrap()), host(quant(None).unwrap()));
+        let params = QuantParams { group_size: 64, bits: 4 };
+        let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
+        for rows_kernel in kernels {
+            let [w0, w1] = halves(&q, h).unwrap();
+            let [s0, s1] = halves(&s, h).unwrap();
+            let [b0, b1] = halves(&b, h).unwrap();
+            let halves = Some([[w0, s0, b0], [w1, s1, b1]]);
+            let split = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, halves };
+            let one = ops::quantized_matmul(&x, &q, &s, &b, true, 64, 4).unwrap();
+            assert_eq!(host(split.matmul_t(&x).unwrap()), host(one), "our kernel: {rows_kernel}");
+        }
     }
 
     /// Scales held in f32 (`f32Matmuls: 'all'`) keep the activations' dtype and come closer to
@@ -424,9 +493,9 @@ mod tests {
         let x = random::normal::<f32>(&[4, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
         let (q, s, b) = ops::quantize(&w, 64, 4).unwrap();
         let params = QuantParams { group_size: 64, bits: 4 };
-        let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false };
+        let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false, halves: None };
         let (s32, b32) = (s.as_dtype(f32).unwrap(), b.as_dtype(f32).unwrap());
-        let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false };
+        let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false, halves: None };
         let exact = host(ops::matmul(&x.as_dtype(f32).unwrap(), ops::dequantize(&q, &s32, &b32, 64, 4).unwrap().t()).unwrap());
         let err = |y: Array| host(y).iter().zip(&exact).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
         let fast = held.matmul_t(&x).unwrap();
@@ -445,8 +514,8 @@ mod tests {
         let params = QuantParams { group_size: 32, bits: 4 };
         let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
         for rows_kernel in kernels {
-            let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel };
-            let opt_in = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: true, rows_kernel };
+            let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, halves: None };
+            let opt_in = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: true, rows_kernel, halves: None };
             let (kept, dequantized) = if rows_kernel { ([1, 31], [32, 128]) } else { ([1, 3], [4, 128]) };
             for n in kept {
                 let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();

@@ -1,11 +1,15 @@
 //! Rotary position embeddings: the RoPE variants of the supported architectures, applied to q and
 //! k at one sequence's offset or at each row's own.
+use std::cell::OnceCell;
+
+use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{fast, ops, Array};
 
 use super::config::{ModelConfig, RopeScaling};
 use super::layers::scalar;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::mlx::{backend, compiled};
 
 /// Rotary position embedding: default, linear-scaled, Llama 3 or Phi-3 "su/longrope" frequencies,
 /// over the first `dims` features of each head.
@@ -17,6 +21,9 @@ pub struct Rope {
     freqs: Option<Array>,
     /// Phi-3's long-context attention scaling, applied to the rotated features first.
     input_scale: Option<f32>,
+    /// The inverse frequencies MLX's CPU fallback computes in every call, computed once
+    /// (`compiled`).
+    inv_freqs: OnceCell<Array>,
 }
 
 impl Rope {
@@ -24,7 +31,7 @@ impl Rope {
     pub fn new(cfg: &ModelConfig, dims: usize, base: Option<f32>) -> Result<Self> {
         let dims = dims as i32;
         let theta = base.unwrap_or(cfg.rope_theta);
-        let plain = |scale| Rope { dims, traditional: cfg.rope_traditional, base: Some(theta), scale, freqs: None, input_scale: None };
+        let plain = |scale| Rope { dims, traditional: cfg.rope_traditional, base: Some(theta), scale, freqs: None, input_scale: None, inv_freqs: OnceCell::new() };
         if base.is_some() {
             return Ok(plain(1.0));
         }
@@ -49,14 +56,14 @@ impl Rope {
                 } else {
                     (1.0 + factor.ln() / original_max_position_embeddings.ln()).sqrt()
                 };
-                Rope { dims, traditional: false, base: None, scale: 1.0, freqs: Some(freqs), input_scale: Some(mscale) }
+                Rope { dims, traditional: false, base: None, scale: 1.0, freqs: Some(freqs), input_scale: Some(mscale), inv_freqs: OnceCell::new() }
             }
         })
     }
 
     /// Unscaled RoPE over `dims` features, whatever `rope_scaling` says (mlx-lm's `nn.RoPE`).
     pub fn plain(dims: usize, base: f32, traditional: bool) -> Self {
-        Rope { dims: dims as i32, traditional, base: Some(base), scale: 1.0, freqs: None, input_scale: None }
+        Rope { dims: dims as i32, traditional, base: Some(base), scale: 1.0, freqs: None, input_scale: None, inv_freqs: OnceCell::new() }
     }
 
     /// Gemma 4's "proportional" RoPE: frequencies of a `dims`-wide rotation for the first
@@ -68,7 +75,7 @@ impl Rope {
         let still = ops::full::<f32>(&[((dims - rotated) / 2) as i32], Array::from_f32(f32::INFINITY))?;
         let freqs = ops::concatenate(&[turning, still], 0)?;
         freqs.eval()?;
-        Ok(Rope { dims: dims as i32, traditional, base: None, scale: 1.0, freqs: Some(freqs), input_scale: None })
+        Ok(Rope { dims: dims as i32, traditional, base: None, scale: 1.0, freqs: Some(freqs), input_scale: None, inv_freqs: OnceCell::new() })
     }
 
     /// No rotation (SmolLM3's NoPE layers see positions only through the causal mask).
@@ -81,6 +88,10 @@ impl Rope {
             return Ok(x.clone());
         }
         let x = self.scale_input(x)?;
+        if self.compiles(&x) {
+            // The offset as an input: a constant would be traced into the kept function.
+            return self.compiled(&x, &Array::from_int(offset));
+        }
         Ok(fast::rope(&x, self.dims, self.traditional, self.base, self.scale, offset, self.freqs.as_ref())?)
     }
 
@@ -91,7 +102,49 @@ impl Rope {
             return Ok(x.clone());
         }
         let x = self.scale_input(x)?;
+        if self.compiles(&x) {
+            return self.compiled(&x, offsets);
+        }
         Ok(fast::rope_dynamic(&x, self.dims, self.traditional, self.base, self.scale, offsets, self.freqs.as_ref())?)
+    }
+
+    /// Whether `x` goes through `compiled`: on MLX's CPU backend (elsewhere RoPE is one kernel),
+    /// [B, heads, 1, head_dim]: a decode step.
+    fn compiles(&self, x: &Array) -> bool {
+        backend::is_cpu() && x.ndim() == 4 && compiled::compiles(x)
+    }
+
+    /// RoPE through a kept compiled function: on MLX's CPU backend `fast::rope` is a fallback of
+    /// ~25 nodes (positions, frequencies, sines and cosines, the rotation), most of which fuse.
+    /// One function per kind of rotation, shared by every layer; the values are inputs.
+    fn compiled(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        let inv_freqs = match self.inv_freqs.get() {
+            Some(f) => f.clone(),
+            None => {
+                let f = self.fallback_inv_freqs()?;
+                f.eval()?;
+                self.inv_freqs.get_or_init(|| f).clone()
+            }
+        };
+        let (dims, traditional) = (self.dims, self.traditional);
+        let f = move |a: &[Array]| rope_fallback(&a[0], &a[1], &a[2], &a[3], dims, traditional);
+        let inputs = [x.clone(), offsets.clone(), inv_freqs, Array::from_f32(self.scale)];
+        Ok(compiled::call1(("rope", [dims as u32, traditional as u32, 0, 0]), false, &inputs, f)?)
+    }
+
+    /// The inverse frequencies as MLX's fallback computes them: 1 / freqs, or
+    /// exp(-i · (ln(base) / (dims/2))) with the factor rounded to f32 as C++'s `std::log(float)`
+    /// and a float division give it.
+    fn fallback_inv_freqs(&self) -> Result<Array> {
+        let half = self.dims / 2;
+        Ok(match (&self.freqs, self.base) {
+            (Some(freqs), _) => freqs.reciprocal()?,
+            (None, Some(base)) => {
+                let factor = Array::from_f32(base.ln() / half as f32);
+                ops::exp(ops::multiply(ops::arange::<_, f32>(0, -half, -1)?, factor)?)?
+            }
+            (None, None) => return Err(Error::Internal("a RoPE with neither a base nor frequencies".into())),
+        })
     }
 
     fn scale_input(&self, x: &Array) -> Result<Array> {
@@ -108,6 +161,39 @@ impl Rope {
             None => x.clone(),
         })
     }
+}
+
+/// MLX's CPU fallback of `fast::rope` (mlx/fast.cpp) for x [B, heads, L, head_dim], operation for
+/// operation, with `inv_freqs` computed before and every constant an input (MLX's compiler prints
+/// constants into its kernels' source with 7 significant digits, which can change an f32).
+fn rope_fallback(x: &Array, offset: &Array, inv_freqs: &Array, scale: &Array, dims: i32, traditional: bool) -> std::result::Result<Vec<Array>, Exception> {
+    let shape = x.shape().to_vec();
+    let (b, n, t, d) = (shape[0], shape[1], shape[2], shape[3]);
+    let half = dims / 2;
+    let offset = if offset.size() > 1 { offset.expand_dims_axes(&[-1, -2])? } else { offset.clone() };
+    let positions = ops::multiply(ops::add(ops::arange::<_, f32>(0, t, 1)?, &offset)?, scale)?;
+    let theta = ops::multiply(positions.expand_dims(-1)?, inv_freqs)?;
+    let (cos, sin) = (ops::cos(&theta)?.as_dtype(x.dtype())?, ops::sin(&theta)?.as_dtype(x.dtype())?);
+    let rotate = |x1: &Array, x2: &Array| -> std::result::Result<[Array; 2], Exception> {
+        Ok([ops::subtract(x1.multiply(&cos)?, x2.multiply(&sin)?)?, ops::add(x1.multiply(&sin)?, x2.multiply(&cos)?)?])
+    };
+    let rest = || x.index((.., .., .., dims..));
+    let out = if traditional {
+        let x1 = x.index((.., .., .., ops::indexing::StrideBy { inner: 0..dims, stride: 2 }));
+        let x2 = x.index((.., .., .., ops::indexing::StrideBy { inner: 1..dims, stride: 2 }));
+        let [a, c] = rotate(&x1, &x2)?;
+        let out = ops::concatenate(&[a.expand_dims(-1)?, c.expand_dims(-1)?], -1)?.reshape(&[b, n, t, dims])?;
+        if dims < d {
+            ops::concatenate(&[out, rest()], -1)?
+        } else {
+            out
+        }
+    } else {
+        let [a, c] = rotate(&x.index((.., .., .., ..half)), &x.index((.., .., .., half..dims)))?;
+        let outs = if dims < d { vec![a, c, rest()] } else { vec![a, c] };
+        ops::concatenate(&outs, -1)?
+    };
+    Ok(vec![out.reshape(&shape)?])
 }
 
 /// Llama 3 RoPE frequencies, computed with MLX ops in the same order as mlx-lm's Llama3RoPE so the
@@ -128,4 +214,54 @@ fn llama3_freqs(dims: i32, base: f32, factor: f32, low: f32, high: f32, old_ctx:
     let out = ops::select(&medium, &ops::divide(&freqs, &denom)?, &freqs)?;
     out.eval()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::{random, Dtype};
+
+    /// How many values of `a` differ from `b`'s, bit for bit.
+    fn differ(a: &Array, b: &Array) -> usize {
+        let host = |a: &Array| {
+            let a = a.as_dtype(Dtype::Float32).unwrap();
+            a.eval().unwrap();
+            a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let (a, b) = (host(a), host(b));
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(&b).filter(|(a, b)| a != b).count()
+    }
+
+    /// The kept compiled RoPE gives MLX's `fast::rope` bit for bit: plain, traditional, partial
+    /// (fewer rotated features than the head has), with given frequencies and a scale, in f32
+    /// and bf16, at one offset and at each row's own, for batches of decode steps.
+    #[test]
+    fn compiled_rope_equals_mlx_bit_for_bit() {
+        assert!(backend::is_cpu(), "the compiled RoPE is the CPU backend's");
+        let freqs = llama3_freqs(64, 500_000.0, 8.0, 1.0, 4.0, 8192.0).unwrap();
+        let ropes = [
+            Rope::plain(64, 100_000.0, false),
+            Rope::plain(64, 10_000.0, true),
+            Rope::plain(32, 1_000_000.0, false),
+            Rope { scale: 0.25, ..Rope::plain(64, 10_000.0, false) },
+            Rope { freqs: Some(freqs), base: None, ..Rope::plain(64, 0.0, false) },
+        ];
+        for (i, rope) in ropes.iter().enumerate() {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                for b in [1, 3, 16] {
+                    let x = random::normal::<f32>(&[b, 4, 1, 64], None, None, None).unwrap().as_dtype(dtype).unwrap();
+                    assert!(rope.compiles(&x));
+                    for offset in [0, 7, 4095, 100_000] {
+                        let mlx = fast::rope(&x, rope.dims, rope.traditional, rope.base, rope.scale, offset, rope.freqs.as_ref()).unwrap();
+                        let ours = rope.compiled(&x, &Array::from_int(offset)).unwrap();
+                        assert_eq!(differ(&ours, &mlx), 0, "rope {i} {dtype:?} [{b}, 4, 1] at {offset}");
+                    }
+                    let offsets = Array::from_slice(&(0..b).map(|i| i * 4099 + 3).collect::<Vec<_>>(), &[b]);
+                    let mlx = fast::rope_dynamic(&x, rope.dims, rope.traditional, rope.base, rope.scale, &offsets, rope.freqs.as_ref()).unwrap();
+                    assert_eq!(differ(&rope.compiled(&x, &offsets).unwrap(), &mlx), 0, "rope {i} {dtype:?} rows");
+                }
+            }
+        }
+    }
 }
