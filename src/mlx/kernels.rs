@@ -18,14 +18,19 @@ pub fn affine_rows_fast() -> bool {
 /// value by value), this one computes eight output rows at once with the same operations in the
 /// same order. Built on this thread's current stream (so `backend::on_second_stream` works as
 /// with any op). Only for `affine_rows_fast()` machines (an error elsewhere).
-pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array, Exception> {
+///
+/// `factored` (the opt-in `f32Matmuls: 'all'`): an f32 product computes each group's part as
+/// scale · Σ x·q + bias · Σ x with fused multiply-adds, four vector operations per element
+/// instead of seven: not MLX's roundings, nearer the exact product (where the CPU has no FMA, and
+/// for half-precision products, MLX's order as without it).
+pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, factored: bool) -> Result<Array, Exception> {
     let stream = Stream::thread_local_or_default();
     let mut err = [0 as std::os::raw::c_char; 256];
     // SAFETY: every handle is a live mlx-rs array or stream; `res` is a fresh handle that we own
     // from here on (freed on failure, wrapped on success); `err` is a buffer of the length given.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_bun_affine_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        let status = mlx_sys::mlx_bun_affine_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, factored as i32, stream.as_ptr(), err.as_mut_ptr(), err.len());
         if status != 0 {
             mlx_sys::mlx_array_free(res);
             return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));

@@ -9,7 +9,9 @@ extern "C" {
     /// Whether `mlx_bun_affine_rows_matmul` runs here: x86_64 with AVX2 and F16C, not macOS.
     pub fn mlx_bun_affine_rows_fast() -> bool;
     /// `x · Wᵀ` for an MLX affine-quantized `W`, bit for bit as MLX's CPU kernel computes it (in
-    /// the promoted dtype of x and the scales); 0, or 1 with a message in `err`.
+    /// the promoted dtype of x and the scales), or, with `factored` for an f32 product, each
+    /// group as scale · Σ x·q + bias · Σ x in fused multiply-adds (faster, other roundings);
+    /// 0, or 1 with a message in `err`.
     pub fn mlx_bun_affine_rows_matmul(
         res: *mut mlx_array,
         x: mlx_array,
@@ -18,6 +20,7 @@ extern "C" {
         biases: mlx_array,
         group_size: ::std::os::raw::c_int,
         bits: ::std::os::raw::c_int,
+        factored: ::std::os::raw::c_int,
         s: mlx_stream,
         err: *mut ::std::os::raw::c_char,
         err_len: usize,

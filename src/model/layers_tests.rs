@@ -1,0 +1,196 @@
+//! Tests of layers.rs (kept apart to keep that file readable).
+use super::*;
+use mlx_rs::random;
+
+fn host(a: Array) -> Vec<f32> {
+    let a = a.as_dtype(Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>().to_vec()
+}
+
+/// The kept compiled RMSNorm gives MLX's `fast::rms_norm` bit for bit, in f32, bf16 and f16,
+/// for widths whose 1/n is no short decimal (MLX's compiler would print it rounded).
+#[test]
+fn compiled_rms_norm_equals_mlx_bit_for_bit() {
+    assert!(backend::is_cpu(), "the compiled RMSNorm is the CPU backend's");
+    for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+        for (shape, eps) in [(&[1, 1, 576][..], 1e-5), (&[64, 1, 576], 1e-5), (&[4, 8, 1, 960], 1e-6), (&[2, 3, 1, 64], 1e-6), (&[7, 1, 2560], 1e-5)] {
+            let n = *shape.last().unwrap();
+            let x = random::normal::<f32>(shape, None, None, None).unwrap().as_dtype(dtype).unwrap();
+            let w = random::normal::<f32>(&[n], None, None, None).unwrap().as_dtype(dtype).unwrap();
+            let norm = RmsNorm::from_weight(w.clone(), eps);
+            assert!(compiled::compiles(&x));
+            let mlx = fast::rms_norm(&x, Some(&w), eps).unwrap();
+            let (ours, mlx) = (host(norm.forward(&x).unwrap()), host(mlx));
+            let differ = ours.iter().zip(&mlx).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{dtype:?} {shape:?}: {differ} of {} values differ", mlx.len());
+        }
+    }
+}
+
+/// Split products are bit for bit the one product, bf16 and 4-bit alike (on Metal both
+/// sides are one product).
+#[test]
+fn products_by_halves_equal_one_product() {
+    #[cfg(target_os = "linux")]
+    assert!(backend::is_cpu(), "Linux builds use MLX's CPU backend, where products split");
+    let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
+    let x = random::normal::<f32>(&[8, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    let bf16 = w.as_dtype(Dtype::Bfloat16).unwrap();
+    let h = split_at(1536, 576).expect("1536×576 splits");
+    let split = Dense::Native { w: bf16.clone(), halves: Some(halves(&bf16, h).unwrap()) };
+    let bias = random::normal::<f32>(&[1536], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    for b in [None, Some(&bias)] {
+        let one = ops::matmul(&x, bf16.t()).unwrap();
+        let one = b.map_or(one.clone(), |b| ops::addmm(b, &x, bf16.t(), None, None).unwrap());
+        assert_eq!(host(split.matmul_t(&x, b).unwrap()), host(one));
+    }
+    let (q, s, b) = ops::quantize(&bf16, 64, 4).unwrap();
+    let params = QuantParams { group_size: 64, bits: 4 };
+    let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
+    for rows_kernel in kernels {
+        let [w0, w1] = halves(&q, h).unwrap();
+        let [s0, s1] = halves(&s, h).unwrap();
+        let [b0, b1] = halves(&b, h).unwrap();
+        let halves = Some([[w0, s0, b0], [w1, s1, b1]]);
+        let split = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, factored: false, halves };
+        let one = ops::quantized_matmul(&x, &q, &s, &b, true, 64, 4).unwrap();
+        assert_eq!(host(split.matmul_t(&x).unwrap()), host(one), "our kernel: {rows_kernel}");
+    }
+}
+
+/// Scales held in f32 (`f32Matmuls: 'all'`) keep the activations' dtype and come closer to
+/// the exact product than MLX's bf16 kernel does.
+#[test]
+fn quantized_products_with_f32_scales_keep_the_dtype_and_come_closer() {
+    let f32 = Dtype::Float32;
+    let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    let x = random::normal::<f32>(&[4, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
+    let (q, s, b) = ops::quantize(&w, 64, 4).unwrap();
+    let params = QuantParams { group_size: 64, bits: 4 };
+    let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false, factored: false, halves: None };
+    let (s32, b32) = (s.as_dtype(f32).unwrap(), b.as_dtype(f32).unwrap());
+    let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false, factored: false, halves: None };
+    let exact = host(ops::matmul(&x.as_dtype(f32).unwrap(), ops::dequantize(&q, &s32, &b32, 64, 4).unwrap().t()).unwrap());
+    let err = |y: Array| host(y).iter().zip(&exact).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
+    let fast = held.matmul_t(&x).unwrap();
+    assert_eq!(fast.dtype(), Dtype::Bfloat16);
+    let (fast, slow) = (err(fast), err(stored.matmul_t(&x).unwrap()));
+    assert!(fast < slow, "f32 scales {fast}, bf16 kernel {slow}");
+}
+
+/// `f32Matmuls: 'all'` on the CPU: from `DEQUANTIZE_MIN_ROWS` rows (32 with our kernel, 4
+/// with MLX's) a product dequantizes and multiplies in f32 (BLAS), within f32 rounding of
+/// the quantized kernel's f32 product; fewer rows keep the quantized kernel bit for bit.
+#[test]
+fn many_rows_multiply_dequantized_under_f32_matmuls_all() {
+    let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
+    let (q, s, b) = ops::quantize(&w, 32, 4).unwrap();
+    let params = QuantParams { group_size: 32, bits: 4 };
+    let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
+    for rows_kernel in kernels {
+        let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, factored: false, halves: None };
+        let opt_in = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: true, rows_kernel, factored: false, halves: None };
+        let (kept, dequantized) = if rows_kernel { ([1, 31], [32, 128]) } else { ([1, 3], [4, 128]) };
+        for n in kept {
+            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
+            assert_eq!(host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()), "{n} rows");
+        }
+        for n in dequantized {
+            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
+            let (a, e) = (host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()));
+            let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "{n} rows: {diff}");
+            // Another kernel ran: 1536 sums of 576 products each, in another order.
+            assert!(a != e, "{n} rows: the quantized kernel's own result");
+        }
+    }
+}
+
+/// Our CPU kernel for quantized products computes what MLX's computes, bit for bit, for
+/// every bit width, scale type and activation type it takes (f32, bf16 and f16 products, and
+/// mixed ones that promote to f32), for row counts not a multiple of its sixteen lanes and
+/// rows whose words are not a multiple of its eight-word loads, for a strided x, and for
+/// x with NaN, infinities and values whose products overflow (NaN written as MLX writes it).
+#[test]
+fn affine_rows_kernel_equals_mlx_bit_for_bit() {
+    #[cfg(all(target_arch = "x86_64", not(target_os = "macos")))]
+    assert!(
+        kernels::affine_rows_fast() || !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")),
+        "an AVX2 + F16C CPU runs the vectorised kernel"
+    );
+    if !kernels::affine_rows_fast() {
+        // Elsewhere MLX's kernel runs, and ours refuses to build a product.
+        let (q, s, b) = ops::quantize(&random::normal::<f32>(&[16, 64], None, None, None).unwrap(), 32, 4).unwrap();
+        let x = random::normal::<f32>(&[1, 64], None, None, None).unwrap();
+        assert!(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, false).is_err());
+        return;
+    }
+    let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
+    let bits_of = |a: Array| -> Vec<u32> { host(a).iter().map(|v| v.to_bits()).collect() };
+    for (bits, group, rows, cols) in [(4, 32, 1536, 576), (4, 64, 37, 320), (8, 32, 50, 96), (2, 32, 19, 160), (4, 128, 16, 256)] {
+        let w = random::normal::<f32>(&[rows, cols], None, None, None).unwrap();
+        for scale_type in [f32, f16, bf16] {
+            let (q, s, b) = ops::quantize(&w.as_dtype(scale_type).unwrap(), group, bits).unwrap();
+            let check = |x: Array| {
+                let ours = kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, false).unwrap();
+                let mlx = ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap();
+                assert_eq!((ours.dtype(), ours.shape()), (mlx.dtype(), mlx.shape()));
+                let what = format!("{bits} bits, groups of {group}, {rows}x{cols}, {scale_type:?} scales, x {:?} {:?}", x.dtype(), x.shape());
+                assert!(bits_of(ours) == bits_of(mlx), "{what}");
+            };
+            for (shape, x_type, transposed) in [(vec![1, 1, cols], f32, false), (vec![2, 3, cols], f32, false), (vec![cols, 5], f32, true), (vec![1, 2, cols], f16, false), (vec![1, 3, cols], bf16, false), (vec![cols, 17], bf16, true)] {
+                let x = random::normal::<f32>(&shape, None, None, None).unwrap();
+                let x = if transposed { x.t() } else { x };
+                check(x.as_dtype(x_type).unwrap());
+            }
+            // One row with a NaN, one with infinities of both signs, one of values near the
+            // largest f32 (their products overflow; inf - inf makes NaN mid-sum).
+            let k = cols as usize;
+            let mut v: Vec<f32> = (0..3 * k).map(|i| ((i * 37 % 11) as f32 - 5.0) / 3.0).collect();
+            v[7] = f32::NAN;
+            v[k + 3] = f32::INFINITY;
+            v[k + 40] = f32::NEG_INFINITY;
+            v[2 * k..].iter_mut().enumerate().for_each(|(i, a)| *a = if i % 2 == 0 { 3.0e38 } else { -3.0e38 });
+            for x_type in [f32, f16, bf16] {
+                check(Array::from_slice(&v, &[3, cols]).as_dtype(x_type).unwrap());
+            }
+        }
+    }
+}
+
+/// The factored form of our kernel (`f32Matmuls: 'all'`) is a rounding change only: against the
+/// exact (f64) product of the dequantized weights its outputs are, over every case, no farther
+/// than MLX's order (it rounds less often), each within f32 rounding of the sum's size, and they
+/// do differ from MLX's (the form is really taken). Tails of rows, groups that start inside a
+/// chunk of words, 2/4/8 bits.
+#[test]
+fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
+    if !kernels::affine_rows_fast() {
+        return; // affine_rows_kernel_equals_mlx_bit_for_bit checks which machines run it
+    }
+    let (mut ours_err, mut mlx_err, mut differ) = (0.0f64, 0.0f64, 0usize);
+    for (bits, group, rows, cols) in [(4, 32, 37, 576), (8, 32, 50, 96), (2, 32, 19, 160), (4, 128, 16, 256), (8, 64, 300, 640)] {
+        let w = random::normal::<f32>(&[rows, cols], None, None, None).unwrap();
+        let (q, s, b) = ops::quantize(&w, group, bits).unwrap();
+        let deq = host(ops::dequantize(&q, &s, &b, group, bits).unwrap());
+        for m in [1, 3] {
+            let x = random::normal::<f32>(&[m, cols], None, None, None).unwrap();
+            let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, true).unwrap());
+            let mlx = host(ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap());
+            let xs = host(x);
+            let (cols, rows) = (cols as usize, rows as usize);
+            for (i, j) in (0..m as usize).flat_map(|i| (0..rows).map(move |j| (i, j))) {
+                let terms = (0..cols).map(|k| xs[i * cols + k] as f64 * deq[j * cols + k] as f64);
+                let (exact, size) = terms.fold((0.0, 0.0), |(e, a), t| (e + t, a + t.abs()));
+                let (o, r) = (ours[i * rows + j] as f64, mlx[i * rows + j] as f64);
+                assert!((o - exact).abs() <= 2e-5 * size, "{bits} bits g{group} {rows}x{cols}: {o} against {exact} (size {size})");
+                ours_err += (o - exact).abs();
+                mlx_err += (r - exact).abs();
+                differ += (o != r) as usize;
+            }
+        }
+    }
+    assert!(ours_err <= mlx_err, "factored {ours_err}, MLX's order {mlx_err}");
+    assert!(differ > 0, "the factored form gave MLX's numbers everywhere");
+}
