@@ -8,7 +8,7 @@ use mlx_rs::{fast, ops, Array};
 
 use super::blocks::softcapped_attention;
 use super::config::ModelConfig;
-use super::layers::{Linear, RmsNorm};
+use super::layers::{side_by_side, Linear, RmsNorm};
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::cache::file::LayerShape;
@@ -169,7 +169,10 @@ impl Attention {
     fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (mut q, mut k, v) = match &self.qkv {
-            Qkv::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Qkv::Separate { q, k, v } => {
+                let [q, k, v]: [Array; 3] = side_by_side(&[q], &[k, v], x)?.try_into().map_err(|_| Error::Internal("three products".into()))?;
+                (q, k, v)
+            }
             Qkv::Fused(p) => {
                 let qkv = p.forward(x)?;
                 let qn = self.n_heads * self.head_dim;

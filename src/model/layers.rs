@@ -105,10 +105,16 @@ impl QuantWeight {
         })
     }
 
-    fn matmul_t(&self, x: &Array) -> Result<Array> {
+    /// Whether a product with `x` dequantizes and goes through BLAS (`dequantize_rows`).
+    fn dequantizes(&self, x: &Array) -> bool {
         let inner = x.shape().last().copied().unwrap_or(1).max(1) as i64;
         let min_rows = if self.rows_kernel { DEQUANTIZE_MIN_ROWS } else { DEQUANTIZE_MIN_ROWS_MLX_KERNEL };
-        if self.dequantize_rows && x.size() as i64 / inner >= min_rows {
+        self.dequantize_rows && x.size() as i64 / inner >= min_rows
+    }
+
+    /// `x · Wᵀ`; `split`: in halves where the matrix has them (`split_at`).
+    fn matmul_t(&self, x: &Array, split: bool) -> Result<Array> {
+        if self.dequantizes(x) {
             let w = ops::dequantize(&self.weight, &self.scales, &self.biases, self.params.group_size, self.params.bits)?;
             let y = ops::matmul(&x.as_dtype(Dtype::Float32)?, &w.as_dtype(Dtype::Float32)?.t())?;
             return Ok(y.as_dtype(x.dtype())?);
@@ -121,8 +127,8 @@ impl QuantWeight {
             Ok(ops::quantized_matmul(x, w, s, b, true, group, bits)?)
         };
         let y = match &self.halves {
-            Some([first, second]) => joined(product(first)?, backend::on_second_stream(|| product(second))?)?,
-            None => product(&[self.weight.clone(), self.scales.clone(), self.biases.clone()])?,
+            Some([first, second]) if split => joined(product(first)?, backend::on_second_stream(|| product(second))?)?,
+            _ => product(&[self.weight.clone(), self.scales.clone(), self.biases.clone()])?,
         };
         self.stored(y, x)
     }
@@ -182,8 +188,8 @@ impl Dense {
         Ok(Dense::F32T { wt, dtype })
     }
 
-    /// `x · Wᵀ (+ bias)`, in x's dtype.
-    fn matmul_t(&self, x: &Array, bias: Option<&Array>) -> Result<Array> {
+    /// `x · Wᵀ (+ bias)`, in x's dtype; `split`: in halves where the matrix has them.
+    fn matmul_t(&self, x: &Array, bias: Option<&Array>, split: bool) -> Result<Array> {
         match self {
             Dense::Native { w, halves } => {
                 let product = |w: &Array, b: Option<Array>| -> Result<Array> {
@@ -193,12 +199,12 @@ impl Dense {
                     })
                 };
                 match halves {
-                    Some([first, second]) => {
+                    Some([first, second]) if split => {
                         let h = first.shape()[0];
                         let (b0, b1) = (bias.map(|b| b.index(..h)), bias.map(|b| b.index(h..)));
                         joined(product(first, b0)?, backend::on_second_stream(|| product(second, b1))?)
                     }
-                    None => product(w, bias.cloned()),
+                    _ => product(w, bias.cloned()),
                 }
             }
             Dense::F32T { wt, .. } => {
@@ -241,10 +247,14 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.product(x, true)
+    }
+
+    fn product(&self, x: &Array, split: bool) -> Result<Array> {
         match self {
-            Linear::Dense { weight, bias } => weight.matmul_t(x, bias.as_ref()),
+            Linear::Dense { weight, bias } => weight.matmul_t(x, bias.as_ref(), split),
             Linear::Quantized { q, bias } => {
-                let y = q.matmul_t(x)?;
+                let y = q.matmul_t(x, split)?;
                 Ok(match bias {
                     Some(b) => ops::add(&y, b)?,
                     None => y,
@@ -252,6 +262,32 @@ impl Linear {
             }
         }
     }
+
+    /// Whether a product with `x` runs on one core: MLX's CPU kernels for quantized and
+    /// half-precision matrices (ours too); f32 goes through BLAS, threaded already.
+    fn one_core(&self, x: &Array) -> bool {
+        match self {
+            Linear::Dense { weight: Dense::Native { w, .. }, .. } => w.dtype() != Dtype::Float32,
+            Linear::Dense { weight: Dense::F32T { .. }, .. } => false,
+            Linear::Quantized { q, .. } => !q.dequantizes(x),
+        }
+    }
+}
+
+/// The products of `first`'s and then `second`'s layers with `x`. On MLX's CPU backend, where
+/// they run on one core each, `second`'s are computed whole on the thread's second stream while
+/// `first`'s are on the default one: products of similar sizes (gate beside up, q beside k and
+/// v) keep both cores busy without being split in halves, so there are no halves to join (two
+/// nodes fewer a product in each step's graph). The same numbers as `forward` (each output
+/// element is computed as in one product).
+pub fn side_by_side(first: &[&Linear], second: &[&Linear], x: &Array) -> Result<Vec<Array>> {
+    let all = || first.iter().chain(second);
+    if !(backend::is_cpu() && all().all(|l| l.one_core(x))) {
+        return all().map(|l| l.forward(x)).collect();
+    }
+    let mut out = first.iter().map(|l| l.product(x, false)).collect::<Result<Vec<_>>>()?;
+    out.extend(backend::on_second_stream(|| second.iter().map(|l| l.product(x, false)).collect::<Result<Vec<_>>>())?);
+    Ok(out)
 }
 
 pub enum Embedding {
@@ -289,8 +325,8 @@ impl Embedding {
     /// The tied output projection: hidden states times the embedding matrix transposed.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
-            Embedding::Dense(weight) => weight.matmul_t(x, None),
-            Embedding::Quantized(q) => q.matmul_t(x),
+            Embedding::Dense(weight) => weight.matmul_t(x, None, true),
+            Embedding::Quantized(q) => q.matmul_t(x, true),
         }
     }
 }
@@ -386,7 +422,10 @@ impl Mlp {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (gate, up) = match &self.gate_up {
-            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Separate { gate, up } => {
+                let [gate, up]: [Array; 2] = side_by_side(&[gate], &[up], x)?.try_into().map_err(|_| Error::Internal("two products".into()))?;
+                (gate, up)
+            }
             GateUp::Fused(p) => {
                 let gu = p.forward(x)?;
                 let h = gu.shape()[gu.ndim() - 1] / 2;

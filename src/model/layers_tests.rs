@@ -43,7 +43,7 @@ fn products_by_halves_equal_one_product() {
     for b in [None, Some(&bias)] {
         let one = ops::matmul(&x, bf16.t()).unwrap();
         let one = b.map_or(one.clone(), |b| ops::addmm(b, &x, bf16.t(), None, None).unwrap());
-        assert_eq!(host(split.matmul_t(&x, b).unwrap()), host(one));
+        assert_eq!(host(split.matmul_t(&x, b, true).unwrap()), host(one));
     }
     let (q, s, b) = ops::quantize(&bf16, 64, 4).unwrap();
     let params = QuantParams { group_size: 64, bits: 4 };
@@ -55,7 +55,7 @@ fn products_by_halves_equal_one_product() {
         let halves = Some([[w0, s0, b0], [w1, s1, b1]]);
         let split = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, factored: false, halves };
         let one = ops::quantized_matmul(&x, &q, &s, &b, true, 64, 4).unwrap();
-        assert_eq!(host(split.matmul_t(&x).unwrap()), host(one), "our kernel: {rows_kernel}");
+        assert_eq!(host(split.matmul_t(&x, true).unwrap()), host(one), "our kernel: {rows_kernel}");
     }
 }
 
@@ -73,9 +73,9 @@ fn quantized_products_with_f32_scales_keep_the_dtype_and_come_closer() {
     let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false, factored: false, halves: None };
     let exact = host(ops::matmul(&x.as_dtype(f32).unwrap(), ops::dequantize(&q, &s32, &b32, 64, 4).unwrap().t()).unwrap());
     let err = |y: Array| host(y).iter().zip(&exact).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
-    let fast = held.matmul_t(&x).unwrap();
+    let fast = held.matmul_t(&x, true).unwrap();
     assert_eq!(fast.dtype(), Dtype::Bfloat16);
-    let (fast, slow) = (err(fast), err(stored.matmul_t(&x).unwrap()));
+    let (fast, slow) = (err(fast), err(stored.matmul_t(&x, true).unwrap()));
     assert!(fast < slow, "f32 scales {fast}, bf16 kernel {slow}");
 }
 
@@ -94,11 +94,11 @@ fn many_rows_multiply_dequantized_under_f32_matmuls_all() {
         let (kept, dequantized) = if rows_kernel { ([1, 31], [32, 128]) } else { ([1, 3], [4, 128]) };
         for n in kept {
             let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            assert_eq!(host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()), "{n} rows");
+            assert_eq!(host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()), "{n} rows");
         }
         for n in dequantized {
             let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            let (a, e) = (host(opt_in.matmul_t(&x).unwrap()), host(quantized.matmul_t(&x).unwrap()));
+            let (a, e) = (host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()));
             let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
             assert!(diff < 1e-3, "{n} rows: {diff}");
             // Another kernel ran: 1536 sums of 576 products each, in another order.
