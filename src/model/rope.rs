@@ -113,19 +113,19 @@ impl Rope {
         backend::is_cpu() && x.ndim() == 4 && compiled::compiles(x)
     }
 
-    /// RoPE through a kept compiled function: on MLX's CPU backend `fast::rope` is a fallback of
-    /// ~25 nodes (positions, frequencies, sines and cosines, the rotation), most of which fuse.
-    /// One function per kind of rotation, shared by every layer; the values are inputs.
+    /// RoPE as MLX's CPU fallback of `fast::rope` computes it (~25 nodes: positions, frequencies,
+    /// sines and cosines, the rotation), with the rotation's elementwise nodes fused by a kept
+    /// compiled function, shared by every layer. Each row at its own offset ([B] int32).
     fn compiled(&self, x: &Array, offsets: &Array) -> Result<Array> {
-        let (dims, traditional) = (self.dims, self.traditional);
-        let f = move |a: &[Array]| rope_fallback(&a[0], &a[1], &a[2], &a[3], dims, traditional);
-        let inputs = [x.clone(), offsets.clone(), self.inv_freqs()?.0, Array::from_f32(self.scale)];
-        Ok(compiled::call1(("rope", [dims as u32, traditional as u32, 0, 0]), false, &inputs, f)?)
+        let [cos, sin] = angles(offsets, &self.inv_freqs()?.0, &Array::from_f32(self.scale), 1, x.dtype())?;
+        self.rotated(x, cos, sin)
     }
 
     /// `compiled` for one sequence at `offset`: every layer of a step rotates at the same
     /// positions, so the angles' cosines and sines are computed once a step (by the first layer)
-    /// and the other layers only rotate (12 nodes fewer a layer on MLX's CPU backend).
+    /// and the other layers only rotate (12 nodes fewer a layer on MLX's CPU backend). They are
+    /// not compiled: once a step, their nodes cost little, and each fused kernel is C++ that MLX
+    /// compiles with g++ on its first use on a machine (~0.8 s).
     fn compiled_at(&self, x: &Array, offset: i32) -> Result<Array> {
         let (inv_freqs, bits) = self.inv_freqs()?;
         let key = AnglesKey { inv_freqs: bits, scale: self.scale.to_bits(), offset, dtype: x.dtype() };
@@ -133,12 +133,7 @@ impl Rope {
         let [cos, sin] = match known {
             Some(v) => v,
             None => {
-                let dtype = x.dtype();
-                // The offset is an input: a constant would be traced into the kept function.
-                let f = move |a: &[Array]| Ok(angles(&a[0], &a[1], &a[2], 1, dtype)?.to_vec());
-                let inputs = [Array::from_int(offset), inv_freqs, Array::from_f32(self.scale)];
-                let out = compiled::call(("rope_angles", [dtype as u32, 0, 0, 0]), false, &inputs, f)?;
-                let [cos, sin]: [Array; 2] = out.try_into().map_err(|_| Error::Internal("RoPE angles are two arrays".into()))?;
+                let [cos, sin] = angles(&Array::from_int(offset), &inv_freqs, &Array::from_f32(self.scale), 1, x.dtype())?;
                 ANGLES.with(|a| {
                     let mut a = a.borrow_mut();
                     // A step's worth (a model may rotate with two kinds, as Gemma 3's local and
@@ -151,6 +146,12 @@ impl Rope {
                 [cos, sin]
             }
         };
+        self.rotated(x, cos, sin)
+    }
+
+    /// x rotated by the angles whose cosines and sines are given, through a kept compiled
+    /// function (its elementwise nodes fused; every value an input).
+    fn rotated(&self, x: &Array, cos: Array, sin: Array) -> Result<Array> {
         let (dims, traditional) = (self.dims, self.traditional);
         let f = move |a: &[Array]| rotation(&a[0], &a[1], &a[2], dims, traditional);
         Ok(compiled::call1(("rope_rotation", [dims as u32, traditional as u32, 0, 0]), false, &[x.clone(), cos, sin], f)?)
@@ -212,17 +213,9 @@ thread_local! {
     static ANGLES: RefCell<Vec<(AnglesKey, [Array; 2])>> = const { RefCell::new(Vec::new()) };
 }
 
-/// MLX's CPU fallback of `fast::rope` (mlx/fast.cpp) for x [B, heads, L, head_dim], operation for
-/// operation, with `inv_freqs` computed before and every constant an input (MLX's compiler prints
-/// constants into its kernels' source with 7 significant digits, which can change an f32): the
-/// angles' cosines and sines, then the rotation.
-fn rope_fallback(x: &Array, offset: &Array, inv_freqs: &Array, scale: &Array, dims: i32, traditional: bool) -> std::result::Result<Vec<Array>, Exception> {
-    let [cos, sin] = angles(offset, inv_freqs, scale, x.shape()[2], x.dtype())?;
-    rotation(x, &cos, &sin, dims, traditional)
-}
-
-/// Cosines and sines of the angles of positions offset..offset+len (each row's own for offsets
-/// [B]) in `dtype`, as MLX's fallback computes them.
+/// MLX's CPU fallback of `fast::rope` (mlx/fast.cpp), operation for operation, in two parts:
+/// the cosines and sines of the angles of positions offset..offset+len (each row's own for
+/// offsets [B]) in `dtype`, with `inv_freqs` computed before...
 fn angles(offset: &Array, inv_freqs: &Array, scale: &Array, len: i32, dtype: Dtype) -> std::result::Result<[Array; 2], Exception> {
     let offset = if offset.size() > 1 { offset.expand_dims_axes(&[-1, -2])? } else { offset.clone() };
     let positions = ops::multiply(ops::add(ops::arange::<_, f32>(0, len, 1)?, &offset)?, scale)?;
@@ -230,7 +223,8 @@ fn angles(offset: &Array, inv_freqs: &Array, scale: &Array, len: i32, dtype: Dty
     Ok([ops::cos(&theta)?.as_dtype(dtype)?, ops::sin(&theta)?.as_dtype(dtype)?])
 }
 
-/// The rotation of MLX's fallback, by angles whose cosines and sines are given.
+/// ... and the rotation of x [B, heads, L, head_dim] by them, every value an input (MLX's compiler
+/// prints constants into its kernels' source with 7 significant digits, which can change an f32).
 fn rotation(x: &Array, cos: &Array, sin: &Array, dims: i32, traditional: bool) -> std::result::Result<Vec<Array>, Exception> {
     let shape = x.shape().to_vec();
     let (b, n, t, d) = (shape[0], shape[1], shape[2], shape[3]);
