@@ -3,10 +3,14 @@
 //! Why: on MLX's CPU backend every node of a step's graph costs several microseconds to schedule
 //! (a task queued to the stream's thread, a wake-up, a buffer set), whatever its size, and a
 //! decode step of a 135M model has thousands of them; MLX's own CPU fallbacks of RMSNorm and RoPE
-//! alone are ~25 nodes a call. `compile` fuses each chain of elementwise operations into one
+//! are ten and ~25 nodes a call. `compile` fuses each chain of elementwise operations into one
 //! node. Fused kernels apply the same operations in the same order and dtypes (MLX's CPU SIMD
 //! width is one lane on x86_64, and its JIT compiler gets no FMA flags), so results are unchanged
-//! bit for bit; the model tests check it against mlx-lm.
+//! bit for bit, but for constants: MLX prints them into the kernel's C++ with 7 significant
+//! digits, so a function whose constants are not short decimals takes them as inputs (the
+//! layers' tests check RMSNorm and RoPE against MLX's `fast::` ops, the model tests against
+//! mlx-lm). Each fused kernel is built with g++ on its first use on a machine (~0.8 s, then kept
+//! in `$TMPDIR/mlx`); without g++ MLX runs the functions unfused.
 //!
 //! A function compiled with mlx-rs' `compile` is traced again for each new instance, so each is
 //! kept here under a key naming it with the constants it captures, and called again from there.
