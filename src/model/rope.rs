@@ -128,12 +128,13 @@ impl Rope {
     /// compiles with g++ on its first use on a machine (~0.8 s).
     fn compiled_at(&self, x: &Array, offset: i32) -> Result<Array> {
         let (inv_freqs, bits) = self.inv_freqs()?;
-        let key = AnglesKey { inv_freqs: bits, scale: self.scale.to_bits(), offset, dtype: x.dtype() };
-        let known = ANGLES.with(|a| a.borrow().iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()));
+        let (scale, dtype) = (self.scale.to_bits(), x.dtype());
+        let same = |k: &AnglesKey| k.inv_freqs == *bits && k.scale == scale && k.offset == offset && k.dtype == dtype;
+        let known = ANGLES.with(|a| a.borrow().iter().find(|(k, _)| same(k)).map(|(_, v)| v.clone()));
         let [cos, sin] = match known {
             Some(v) => v,
             None => {
-                let [cos, sin] = angles(&Array::from_int(offset), &inv_freqs, &Array::from_f32(self.scale), 1, x.dtype())?;
+                let [cos, sin] = angles(&Array::from_int(offset), inv_freqs, &Array::from_f32(self.scale), 1, dtype)?;
                 ANGLES.with(|a| {
                     let mut a = a.borrow_mut();
                     // A step's worth (a model may rotate with two kinds, as Gemma 3's local and
@@ -141,7 +142,7 @@ impl Rope {
                     if a.len() >= 8 {
                         a.clear();
                     }
-                    a.push((key, [cos.clone(), sin.clone()]));
+                    a.push((AnglesKey { inv_freqs: bits.clone(), scale, offset, dtype }, [cos.clone(), sin.clone()]));
                 });
                 [cos, sin]
             }
@@ -158,14 +159,14 @@ impl Rope {
     }
 
     /// The inverse frequencies (`fallback_inv_freqs`) and their bits, computed on first use.
-    fn inv_freqs(&self) -> Result<(Array, Vec<u32>)> {
-        if let Some((f, bits)) = self.inv_freqs.get() {
-            return Ok((f.clone(), bits.clone()));
+    fn inv_freqs(&self) -> Result<&(Array, Vec<u32>)> {
+        if self.inv_freqs.get().is_none() {
+            let f = self.fallback_inv_freqs()?;
+            f.eval()?;
+            let bits = f.as_slice::<f32>().iter().map(|v| v.to_bits()).collect();
+            let _ = self.inv_freqs.set((f, bits));
         }
-        let f = self.fallback_inv_freqs()?;
-        f.eval()?;
-        let bits = f.as_slice::<f32>().iter().map(|v| v.to_bits()).collect();
-        Ok(self.inv_freqs.get_or_init(|| (f, bits)).clone())
+        self.inv_freqs.get().ok_or_else(|| Error::Internal("RoPE frequencies were just computed".into()))
     }
 
     /// The inverse frequencies as MLX's fallback computes them: 1 / freqs, or
@@ -200,7 +201,6 @@ impl Rope {
 }
 
 /// What a step's RoPE angles are computed from: the same key, the same values.
-#[derive(PartialEq)]
 struct AnglesKey {
     inv_freqs: Vec<u32>,
     scale: u32,

@@ -126,18 +126,28 @@ struct Operands {
   int M, N, K, group_size;
 };
 
+// Row n's packed words, and its k-th value (the rows left over from the vector loops).
+template <int bits>
+inline const uint32_t* row(const Operands& o, int n) {
+  return o.w + size_t(n) * (o.K / (32 / bits));
+}
+
+template <int bits>
+inline float value_at(const uint32_t* w, int k) {
+  constexpr int per_word = 32 / bits;
+  return float((w[k / per_word] >> ((k % per_word) * bits)) & ((1u << bits) - 1));
+}
+
 template <int bits, class R>
 KERNEL void rows_scalar(const Operands& o, const float* x, float* out, int n0, int n1) {
-  constexpr int per_word = 32 / bits;
-  constexpr uint32_t mask = (1u << bits) - 1;
-  const size_t words = o.K / per_word, groups = o.K / o.group_size;
+  const size_t groups = o.K / o.group_size;
   for (int n = n0; n < n1; n++) {
-    const uint32_t* w = o.w + n * words;
+    const uint32_t* w = row<bits>(o, n);
     float sum = 0;
     for (int k = 0; k < o.K; k++) {
       size_t g = n * groups + k / o.group_size;
       float scale = load_f32(o.scales, g, o.scale_type), bias = load_f32(o.biases, g, o.scale_type);
-      float q = float((w[k / per_word] >> ((k % per_word) * bits)) & mask);
+      float q = value_at<bits>(w, k);
       float t = R::one(scale * q);
       t = R::one(t + bias);
       t = R::one(x[k] * t);
@@ -341,16 +351,14 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
 // The rows left over (fewer than sixteen) in the factored form, one group at a time.
 template <int bits>
 KERNEL_FMA void rows_scalar_factored(const Operands& o, const float* x, float* out, int n0, int n1) {
-  constexpr int per_word = 32 / bits;
-  constexpr uint32_t mask = (1u << bits) - 1;
-  const size_t words = o.K / per_word, groups = o.K / o.group_size;
+  const size_t groups = o.K / o.group_size;
   for (int n = n0; n < n1; n++) {
-    const uint32_t* w = o.w + n * words;
+    const uint32_t* w = row<bits>(o, n);
     float sum = 0;
     for (size_t g = 0; g < groups; g++) {
       float qs = 0, xs = 0;
       for (int k = g * o.group_size; k < int(g + 1) * o.group_size; k++) {
-        qs = __builtin_fmaf(x[k], float((w[k / per_word] >> ((k % per_word) * bits)) & mask), qs);
+        qs = __builtin_fmaf(x[k], value_at<bits>(w, k), qs);
         xs += x[k];
       }
       size_t i = n * groups + g;
