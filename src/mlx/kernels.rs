@@ -20,9 +20,10 @@ pub fn affine_rows_fast() -> bool {
 /// with any op). Only for `affine_rows_fast()` machines (an error elsewhere).
 ///
 /// `factored` (the opt-in `f32Matmuls: 'all'`): an f32 product computes each group's part as
-/// scale · Σ x·q + bias · Σ x with fused multiply-adds, four vector operations per element
-/// instead of seven: not MLX's roundings, nearer the exact product (where the CPU has no FMA, and
-/// for half-precision products, MLX's order as without it).
+/// scale · Σ x·q + bias · Σ x with fused multiply-adds, a matrix row at a time (its bytes widen
+/// straight into lanes: ~1.8x faster at 8 bits than eight rows in lanes): not MLX's roundings,
+/// nearer the exact product (where the CPU has no FMA, and for half-precision products, MLX's
+/// order as without it). Each output is computed alike whatever the number of x rows.
 pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, factored: bool) -> Result<Array, Exception> {
     let stream = Stream::thread_local_or_default();
     let mut err = [0 as std::os::raw::c_char; 256];

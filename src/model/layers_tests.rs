@@ -162,8 +162,8 @@ fn affine_rows_kernel_equals_mlx_bit_for_bit() {
 /// The factored form of our kernel (`f32Matmuls: 'all'`) is a rounding change only: against the
 /// exact (f64) product of the dequantized weights its outputs are, over every case, no farther
 /// than MLX's order (it rounds less often), each within f32 rounding of the sum's size, and they
-/// do differ from MLX's (the form is really taken). Tails of rows, groups that start inside a
-/// chunk of words, 2/4/8 bits.
+/// do differ from MLX's (the form is really taken); a row of x gives the same numbers alone as
+/// beside others. 2/4/8 bits, groups of 32 to 128.
 #[test]
 fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
     if !kernels::affine_rows_fast() {
@@ -178,6 +178,11 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
             let x = random::normal::<f32>(&[m, cols], None, None, None).unwrap();
             let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, true).unwrap());
             let mlx = host(ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap());
+            // Each row of x gives the numbers it gives alone (batched decode steps equal single ones).
+            for i in 0..m {
+                let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, true).unwrap());
+                assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i} of {m}");
+            }
             let xs = host(x);
             let (cols, rows) = (cols as usize, rows as usize);
             for (i, j) in (0..m as usize).flat_map(|i| (0..rows).map(move |j| (i, j))) {

@@ -49,7 +49,7 @@ bool has_avx2() {
 #endif
 }
 
-// Whether the factored form (`group_words_factored`) runs here: fused multiply-adds.
+// Whether the factored form (factored_rows.h) runs here: fused multiply-adds.
 bool has_fma() {
   static const bool yes = has_avx2() && __builtin_cpu_supports("fma");
   return yes;
@@ -231,64 +231,10 @@ KERNEL __attribute__((noinline)) void group_words(__m256* acc, const __m256i* t0
   acc[0] = acc0, acc[1] = acc1;
 }
 
-// The sum of x[0, n).
-KERNEL_FMA inline float sum_of(const float* x, int n) {
-  __m256 v = _mm256_setzero_ps();
-  int k = 0;
-  for (; k + 8 <= n; k += 8) {
-    v = _mm256_add_ps(v, _mm256_loadu_ps(x + k));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float sum = 0;
-  for (float l : lanes) {
-    sum += l;
-  }
-  for (; k < n; k++) {
-    sum += x[k];
-  }
-  return sum;
-}
-
-// Each lane's lowest value (the bits `mask` keeps), as f32.
-KERNEL_FMA __attribute__((always_inline)) inline __m256 low_bits(__m256i v, __m256i mask) {
-  return _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
-}
-
-// The opt-in form (`f32Matmuls: 'all'`, f32 only): `group_words` with each group's part of the
-// sum factored as scale · Σ x·q + bias · Σ x, in fused multiply-adds, two chains per set of lanes:
-// four vector operations per element instead of seven. Not MLX's rounding (the eval instrument
-// measures what it changes; it is nearer the exact product than MLX's order, see layers.rs).
-template <int bits>
-KERNEL_FMA __attribute__((noinline)) void group_words_factored(__m256* acc, const __m256i* t0, const __m256i* t1, const float* x,
-                                                               int count, __m256 s0, __m256 b0, __m256 s1, __m256 b1) {
-  constexpr int per_word = 32 / bits;  // even for 2, 4 and 8 bits
-  const __m256i mask = _mm256_set1_epi32((1u << bits) - 1);
-  __m256 q0a = _mm256_setzero_ps(), q0b = q0a, q1a = q0a, q1b = q0a;
-  for (int i = 0; i < count; i++) {
-    __m256i v0 = t0[i], v1 = t1[i];
-    const float* xk = x + size_t(i) * per_word;
-    for (int j = 0; j < per_word; j += 2) {
-      const __m256 xa = _mm256_broadcast_ss(xk + j), xb = _mm256_broadcast_ss(xk + j + 1);
-      q0a = _mm256_fmadd_ps(xa, low_bits(v0, mask), q0a);
-      q1a = _mm256_fmadd_ps(xa, low_bits(v1, mask), q1a);
-      v0 = _mm256_srli_epi32(v0, bits);
-      v1 = _mm256_srli_epi32(v1, bits);
-      q0b = _mm256_fmadd_ps(xb, low_bits(v0, mask), q0b);
-      q1b = _mm256_fmadd_ps(xb, low_bits(v1, mask), q1b);
-      v0 = _mm256_srli_epi32(v0, bits);
-      v1 = _mm256_srli_epi32(v1, bits);
-    }
-  }
-  const __m256 xs = _mm256_set1_ps(sum_of(x, count * per_word));
-  acc[0] = _mm256_fmadd_ps(s0, _mm256_add_ps(q0a, q0b), _mm256_fmadd_ps(b0, xs, acc[0]));
-  acc[1] = _mm256_fmadd_ps(s1, _mm256_add_ps(q1a, q1b), _mm256_fmadd_ps(b1, xs, acc[1]));
-}
-
 // Rows [n0, n1) sixteen at a time (two sets of lanes in flight hide the latency of the
 // additions, each lane's sum being one dependent chain); returns the first row not done. Words
 // are read eight per row at once and transposed (a gather per word is several times slower).
-template <int bits, class R, bool factored>
+template <int bits, class R>
 KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int n1) {
   constexpr int per_word = 32 / bits;
   const int words = o.K / per_word, words_per_group = o.group_size / per_word;
@@ -334,11 +280,7 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
         const int count = std::min(chunk - i, words_per_group - (c + i) % words_per_group);
         const __m256 s0 = load8(o, o.scales, n, g), b0 = load8(o, o.biases, n, g);
         const __m256 s1 = load8(o, o.scales, n + 8, g), b1 = load8(o, o.biases, n + 8, g);
-        if constexpr (factored) {
-          group_words_factored<bits>(acc, t0 + i, t1 + i, x + size_t(c + i) * per_word, count, s0, b0, s1, b1);
-        } else {
-          group_words<bits, R>(acc, t0 + i, t1 + i, x + size_t(c + i) * per_word, count, s0, b0, s1, b1);
-        }
+        group_words<bits, R>(acc, t0 + i, t1 + i, x + size_t(c + i) * per_word, count, s0, b0, s1, b1);
         i += count;
       }
     }
@@ -348,46 +290,22 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
   return n;
 }
 
-// The rows left over (fewer than sixteen) in the factored form, one group at a time.
-template <int bits>
-KERNEL_FMA void rows_scalar_factored(const Operands& o, const float* x, float* out, int n0, int n1) {
-  const size_t groups = o.K / o.group_size;
-  for (int n = n0; n < n1; n++) {
-    const uint32_t* w = row<bits>(o, n);
-    float sum = 0;
-    for (size_t g = 0; g < groups; g++) {
-      float qs = 0, xs = 0;
-      for (int k = g * o.group_size; k < int(g + 1) * o.group_size; k++) {
-        qs = __builtin_fmaf(x[k], value_at<bits>(w, k), qs);
-        xs += x[k];
-      }
-      size_t i = n * groups + g;
-      sum = __builtin_fmaf(load_f32(o.scales, i, o.scale_type), qs, __builtin_fmaf(load_f32(o.biases, i, o.scale_type), xs, sum));
-    }
-    out[n] = sum;
-  }
-}
-
-template <int bits, class R, bool factored>
+template <int bits, class R>
 void compute(const Operands& o) {
   for (int m = 0; m < o.M; m++) {
     const float* x = o.x + size_t(m) * o.K;
     float* out = o.out + size_t(m) * o.N;
-    int n = rows_avx2<bits, R, factored>(o, x, out, 0, o.N);
-    if constexpr (factored) {
-      rows_scalar_factored<bits>(o, x, out, n, o.N);
-    } else {
-      rows_scalar<bits, R>(o, x, out, n, o.N);
-    }
+    int n = rows_avx2<bits, R>(o, x, out, 0, o.N);
+    rows_scalar<bits, R>(o, x, out, n, o.N);
   }
 }
 
-template <class R, bool factored = false>
+template <class R>
 void compute_bits(const Operands& o, int bits) {
   switch (bits) {
-    case 2: compute<2, R, factored>(o); break;
-    case 4: compute<4, R, factored>(o); break;
-    default: compute<8, R, factored>(o); break;
+    case 2: compute<2, R>(o); break;
+    case 4: compute<4, R>(o); break;
+    default: compute<8, R>(o); break;
   }
 }
 
@@ -437,6 +355,9 @@ KERNEL void store_half(const std::vector<float>& v, array& out) {
     }
   }
 }
+
+// The opt-in factored form, a row at a time (it uses Operands, load_f32 and KERNEL_FMA above).
+#include "factored_rows.h"
 #else
 bool has_avx2() {
   return false;
@@ -481,8 +402,8 @@ class AffineRowsMatmul : public UnaryPrimitive {
       std::vector<float> xs = x_in_f32(x), ys(f32_out ? 0 : out.size());
       float* dst = f32_out ? out.data<float>() : ys.data();
       Operands o{xs.data(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), dst, int(x.size() / K), w.shape(0), K, group_size};
-      if (f32_out && factored) {
-        compute_bits<F32, true>(o, bits);
+      if (f32_out && factored && factored_fits(o, bits)) {
+        factored_bits(o, bits);
       } else if (f32_out) {
         compute_bits<F32>(o, bits);
       } else if (out.dtype() == bfloat16) {
