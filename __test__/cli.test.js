@@ -173,6 +173,30 @@ test('embed: one JSON line per text, the vectors embedMany gives', async () => {
   assertPlain(r.stderr)
 })
 
+/** The environment `pid` was started with (what the kernel keeps from its last exec). */
+const startEnv = (pid) => fs.readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0')
+
+test("OpenBLAS's idle spin: the command runs itself with OPENBLAS_THREAD_TIMEOUT=4 unless set; the addon's loader leaves none behind and keeps a user's", { skip: process.platform !== 'linux' && 'OpenBLAS is the Linux BLAS' }, async () => {
+  const env = { ...process.env }
+  delete env.OPENBLAS_THREAD_TIMEOUT
+  for (const [given, expected] of [[undefined, 'OPENBLAS_THREAD_TIMEOUT=4'], ['7', 'OPENBLAS_THREAD_TIMEOUT=7']]) {
+    const child = spawn(BIN, ['chat', '--model', fixture(MODEL)], { env: given ? { ...env, OPENBLAS_THREAD_TIMEOUT: given } : env, stdio: ['pipe', 'ignore', 'ignore'] })
+    try {
+      let seen = []
+      for (let i = 0; i < 100 && !seen.includes(expected); i++) {
+        await new Promise((r) => setTimeout(r, 50))
+        seen = startEnv(child.pid).filter((v) => v.startsWith('OPENBLAS_THREAD_TIMEOUT='))
+      }
+      assert.deepEqual(seen, [expected], `started with ${given ?? 'none'}`)
+    } finally {
+      child.kill('SIGKILL')
+    }
+  }
+  const probe = "require('.'); process.stdout.write(String(process.env.OPENBLAS_THREAD_TIMEOUT))"
+  assert.equal(execFileSync(process.execPath, ['-e', probe], { cwd: ROOT, env }).toString(), 'undefined')
+  assert.equal(execFileSync(process.execPath, ['-e', probe], { cwd: ROOT, env: { ...env, OPENBLAS_THREAD_TIMEOUT: '7' } }).toString(), '7')
+})
+
 describe('mlx-bun --help', () => {
   // The flags each command must document; a command missing here is still checked below for
   // exit code 0 and a description on every option.

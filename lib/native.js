@@ -45,6 +45,9 @@ function runtimeFiles(triple) {
   return files
 }
 
+/** OpenBLAS's idle spin before its threads sleep: 2^4 cycles, its least (as the CLI's `blas::THREAD_TIMEOUT`). */
+const OPENBLAS_THREAD_TIMEOUT = '4'
+
 function loadNative() {
   const triple = platformTriple()
   const pkg = platformPackage(triple)
@@ -56,6 +59,11 @@ function loadNative() {
   if (missing !== undefined) {
     throw coded('NATIVE_RUNTIME_MISSING', `mlx-bun: ${join(dir, missing)} is missing: ${pkg} provides it (reinstall ${pkg})`)
   }
+  // OpenBLAS's worker threads spin after each product before they sleep, taking cores from MLX's
+  // stream threads (src/mlx/blas.rs says what it costs). OpenBLAS reads this once, as the addon
+  // loads it; a value the user set is kept, and child processes do not inherit ours.
+  const quiet = process.platform === 'linux' && process.env.OPENBLAS_THREAD_TIMEOUT === undefined
+  if (quiet) process.env.OPENBLAS_THREAD_TIMEOUT = OPENBLAS_THREAD_TIMEOUT
   try {
     return require(join(dir, `mlx-bun.${triple}.node`))
   } catch (e) {
@@ -65,6 +73,8 @@ function loadNative() {
       ? 'install OpenBLAS (`apt install libopenblas0-pthread` on Debian and Ubuntu)'
       : `${pkg} provides the MLX runtime (reinstall ${pkg})`
     throw coded('NATIVE_RUNTIME_MISSING', `mlx-bun: the native addon in ${dir} did not load: ${e.message}; ${hint}`)
+  } finally {
+    if (quiet) delete process.env.OPENBLAS_THREAD_TIMEOUT
   }
 }
 

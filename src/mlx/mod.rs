@@ -1,6 +1,7 @@
 //! Thin helpers over mlx-rs: the exit gate, host-memory conversions, backend facts, idle
-//! memory, kept compiled functions and our own kernels. No model logic here.
+//! memory, kept compiled functions, our own kernels and OpenBLAS's idle spin. No model logic here.
 pub mod backend;
+pub mod blas;
 pub mod compiled;
 pub mod gate;
 pub mod host;
