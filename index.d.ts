@@ -216,7 +216,8 @@ export interface LoadOptions {
    * bf16/f16 ones use MLX's own, several times slower kernel.
    * - `'auto'` (default): every matrix as stored, as mlx-lm multiplies it, on every backend (a
    *   faster layout is used only where it is proven bit-identical; none is today).
-   * - `'all'`: bf16 and f16 matrices held transposed in f32, and quantized matrices keep their
+   * - `'all'`: bf16 and f16 matrices held transposed in f32 (on x86_64 CPUs faster for prefill
+   *   only: their stored products run our kernel, 29 → 15 tokens/s decode for SmolLM2 bf16), and quantized matrices keep their
    *   packed weights with scales and biases in f32, so their products run in f32 (a half-precision
    *   product rounds every operation twice: 4-bit bf16 decode 35 → 54 tokens/s on x86_64); on the
    *   CPU backend a quantized product of 32 rows or more (4 where MLX's own kernel runs: prefill,

@@ -1,6 +1,6 @@
 //! Our own MLX primitives (crates/mlx-sys/kernels/), for products MLX's CPU backend runs slowly.
 use mlx_rs::error::Exception;
-use mlx_rs::{Array, Stream};
+use mlx_rs::{Array, Dtype, Stream};
 
 use super::backend;
 
@@ -32,6 +32,41 @@ pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, 
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
         let status = mlx_sys::mlx_bun_affine_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, factored as i32, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// Whether `half_rows_matmul` takes `x · Wᵀ (+ bias)`: our CPU kernels run here, and x, W and
+/// the bias (a vector, if any) share one half-precision dtype.
+pub fn half_rows_fits(x: &Array, w: &Array, bias: Option<&Array>) -> bool {
+    let t = w.dtype();
+    matches!(t, Dtype::Bfloat16 | Dtype::Float16)
+        && x.dtype() == t
+        && w.ndim() == 2
+        && bias.is_none_or(|b| b.dtype() == t && b.ndim() == 1)
+        && affine_rows_fast()
+}
+
+/// `x · Wᵀ (+ bias)` for bf16 or f16 x, W [N, K] and bias [N], equal bit for bit to MLX's CPU
+/// `matmul` / `addmm` (each output a sum over k in order of exact f32 products, rounded once to
+/// the dtype; MLX's kernel does it one value at a time on x86_64, this one eight rows per AVX2
+/// vector: kernels/half_rows.h). Built on this thread's current stream. Only where
+/// `half_rows_fits` (an error elsewhere).
+pub fn half_rows_matmul(x: &Array, w: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
+    let stream = Stream::thread_local_or_default();
+    let mut err = [0 as std::os::raw::c_char; 256];
+    let bias_handle = bias.map(|b| b.as_ptr());
+    // SAFETY: every handle is a live mlx-rs array or stream (`bias_handle` borrows `bias` for this
+    // call only); `res` is a fresh handle that we own from here on (freed on failure, wrapped on
+    // success); `err` is a buffer of the length given.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let bias_ptr = bias_handle.as_ref().map_or(std::ptr::null(), |b| b as *const _);
+        let status = mlx_sys::mlx_bun_half_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), bias_ptr, stream.as_ptr(), err.as_mut_ptr(), err.len());
         if status != 0 {
             mlx_sys::mlx_array_free(res);
             return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));

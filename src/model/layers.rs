@@ -192,8 +192,10 @@ impl Dense {
     fn matmul_t(&self, x: &Array, bias: Option<&Array>, split: bool) -> Result<Array> {
         match self {
             Dense::Native { w, halves } => {
+                // Half-precision products take our kernel where it runs (MLX's numbers, faster).
                 let product = |w: &Array, b: Option<Array>| -> Result<Array> {
                     Ok(match b {
+                        b if kernels::half_rows_fits(x, w, b.as_ref()) => kernels::half_rows_matmul(x, w, b.as_ref())?,
                         Some(b) => ops::addmm(b, x, w.t(), None, None)?,
                         None => ops::matmul(x, w.t())?,
                     })

@@ -199,3 +199,39 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
     assert!(ours_err <= mlx_err, "factored {ours_err}, MLX's order {mlx_err}");
     assert!(differ > 0, "the factored form gave MLX's numbers everywhere");
 }
+
+/// Our half-precision kernel gives MLX's CPU `matmul` and `addmm` bit for bit, bf16 and f16:
+/// rows not a multiple of 16, odd and short lengths (the scalar rows, the gathered tail words),
+/// several and 3-D rows of x, a bias, and values that overflow, are infinite or NaN.
+#[test]
+fn half_rows_kernel_equals_mlx_bit_for_bit() {
+    if !kernels::affine_rows_fast() {
+        return; // the quantized kernel's bit-for-bit test says which machines run our kernels
+    }
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).count();
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for (x_shape, n, k) in [(&[1, 576][..], 1536, 576), (&[4, 960][..], 2048, 960), (&[3, 100][..], 37, 100), (&[2, 3, 130][..], 50, 130), (&[1, 77][..], 40, 77), (&[5, 18][..], 16, 18)] {
+            let scale = if dtype == Dtype::Float16 { 40.0 } else { 1.0 };
+            let x = ops::multiply(random::normal::<f32>(x_shape, None, None, None).unwrap(), Array::from_f32(scale)).unwrap();
+            // In the last row of x, if it has several: a large value (its sums overflow in f16),
+            // ∞ and NaN.
+            let rows: i32 = x_shape[..x_shape.len() - 1].iter().product();
+            let x = if rows > 1 {
+                let specials = Array::from_slice(&[65000.0f32, f32::INFINITY, f32::NAN], &[3]);
+                ops::concatenate(&[x.flatten(None, None).unwrap().index(3..), specials], 0).unwrap().reshape(x_shape).unwrap()
+            } else {
+                x
+            };
+            let x = x.as_dtype(dtype).unwrap();
+            let w = random::normal::<f32>(&[n, k], None, None, None).unwrap().as_dtype(dtype).unwrap();
+            let b = random::normal::<f32>(&[n], None, None, None).unwrap().as_dtype(dtype).unwrap();
+            assert!(kernels::half_rows_fits(&x, &w, Some(&b)));
+            let (ours, mlx) = (host(kernels::half_rows_matmul(&x, &w, None).unwrap()), host(ops::matmul(&x, w.t()).unwrap()));
+            assert_eq!(same(&ours, &mlx), 0, "{dtype:?} {x_shape:?}·[{n}, {k}]ᵀ: {} of {} differ", same(&ours, &mlx), mlx.len());
+            let (ours, mlx) = (host(kernels::half_rows_matmul(&x, &w, Some(&b)).unwrap()), host(ops::addmm(&b, &x, w.t(), None, None).unwrap()));
+            assert_eq!(same(&ours, &mlx), 0, "{dtype:?} {x_shape:?} with a bias: {} of {} differ", same(&ours, &mlx), mlx.len());
+            assert_eq!(mlx.iter().any(|v| v.is_nan()), rows > 1, "NaN reaches the outputs of its row only");
+            assert!(mlx.iter().any(|v| v.is_finite()));
+        }
+    }
+}

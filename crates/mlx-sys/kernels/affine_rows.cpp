@@ -206,6 +206,28 @@ KERNEL __attribute__((always_inline)) inline void transpose8(const uint32_t* w, 
   }
 }
 
+// Words [0, chunk) (eight, or a row's last few) of sixteen rows, w0: rows 0-7 and w1: rows 8-15,
+// each `words` apart, turned into t0 and t1 as transpose8 turns them (fewer than eight by one
+// gather per word, `stride` holding 0, words, 2·words...). Also fetches a little of the next
+// block of rows, from `next` up to `next_end`, so that their loads do not wait on memory (16
+// streams at once are more than the hardware prefetcher follows; the loads were half of the
+// quantized kernel's time without this).
+KERNEL __attribute__((always_inline)) inline void chunk_words(const uint32_t* w0, const uint32_t* w1, int words, int chunk, __m256i stride,
+                                                              const char*& next, const char* next_end, __m256i* t0, __m256i* t1) {
+  if (chunk == 8) {
+    for (int l = 0; l < 8 && next < next_end; l++, next += 64) {
+      _mm_prefetch(next, _MM_HINT_T0);
+    }
+    transpose8(w0, words, t0);
+    transpose8(w1, words, t1);
+  } else {
+    for (int i = 0; i < chunk; i++) {
+      t0[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w0 + i), stride, 4);
+      t1[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w1 + i), stride, 4);
+    }
+  }
+}
+
 // Words [0, count) of one group for sixteen rows (t0: rows 0-7, t1: rows 8-15, transposed),
 // added into the two sets of lanes. Kept apart from the transposition so that the compiler holds
 // the sums in registers (inlined into one loop, they were spilled to the stack at every word: a
@@ -245,8 +267,7 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
     const uint32_t* w0 = o.w + size_t(n) * words;
     const uint32_t* w1 = w0 + size_t(8) * words;
     // The sixteen rows of the next block follow these in memory: fetched a little at each
-    // transposition, so that their loads do not wait on memory (16 streams at once are more than
-    // the hardware prefetcher follows; the loads were half of the kernel's time without this).
+    // transposition (chunk_words).
     const char* next = reinterpret_cast<const char*>(w0 + size_t(16) * words);
     const char* next_end = reinterpret_cast<const char*>(o.w + size_t(std::min(n + 32, n1)) * words);
     // And their scales and biases, at once (a sixth of the weights' bytes or less).
@@ -261,19 +282,7 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
     alignas(32) __m256i t0[8], t1[8];
     for (int c = 0; c < words; c += 8) {
       const int chunk = std::min(8, words - c);
-      if (chunk == 8) {
-        for (int l = 0; l < 8 && next < next_end; l++, next += 64) {
-          _mm_prefetch(next, _MM_HINT_T0);
-        }
-        transpose8(w0 + c, words, t0);
-        transpose8(w1 + c, words, t1);
-      } else {
-        // The last words of a row not a multiple of eight: one gather each.
-        for (int i = 0; i < chunk; i++) {
-          t0[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w0 + c + i), stride, 4);
-          t1[i] = _mm256_i32gather_epi32(reinterpret_cast<const int*>(w1 + c + i), stride, 4);
-        }
-      }
+      chunk_words(w0 + c, w1 + c, words, chunk, stride, next, next_end, t0, t1);
       // The chunk's words group by group (a group may start or end inside it).
       for (int i = 0; i < chunk;) {
         const int g = (c + i) / words_per_group;
@@ -512,3 +521,6 @@ extern "C" int mlx_bun_affine_rows_matmul(
     return 1;
   }
 }
+
+// bf16 and f16 products in MLX's order (uses the rounding types, transpose8 and x_in_f32 above).
+#include "half_rows.h"

@@ -25,4 +25,15 @@ extern "C" {
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
     ) -> ::std::os::raw::c_int;
+    /// `x · Wᵀ (+ bias)` for bf16 or f16 x, W and bias (null for none), bit for bit as MLX's
+    /// CPU matmul/addmm computes it; 0, or 1 with a message in `err`.
+    pub fn mlx_bun_half_rows_matmul(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        bias: *const mlx_array,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
 }
