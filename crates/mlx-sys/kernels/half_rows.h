@@ -35,8 +35,8 @@ KERNEL __attribute__((always_inline)) inline void halves_f32(__m256i w, __m256* 
 // Words [0, count) of sixteen rows (t0: rows 0-7, t1: rows 8-15, transposed) added into the
 // lanes, values in order. Kept apart so that the sums stay in registers (see group_words).
 template <bool bf16>
-KERNEL __attribute__((noinline)) void half_words(__m256* acc, const __m256i* t0, const __m256i* t1, const float* x, int count) {
-  __m256 acc0 = acc[0], acc1 = acc[1];
+KERNEL __attribute__((noinline)) void half_words(float* acc, const __m256i* t0, const __m256i* t1, const float* x, int count) {
+  __m256 acc0 = _mm256_loadu_ps(acc), acc1 = _mm256_loadu_ps(acc + 8);
   for (int i = 0; i < count; i++) {
     __m256 a0, b0, a1, b1;
     halves_f32<bf16>(t0[i], &a0, &b0);
@@ -47,7 +47,8 @@ KERNEL __attribute__((noinline)) void half_words(__m256* acc, const __m256i* t0,
     acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(xb, b0));
     acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(xb, b1));
   }
-  acc[0] = acc0, acc[1] = acc1;
+  _mm256_storeu_ps(acc, acc0);
+  _mm256_storeu_ps(acc + 8, acc1);
 }
 
 // One half-precision value of W as f32.
@@ -63,44 +64,51 @@ KERNEL inline float half_at(const uint16_t* w, size_t i) {
   }
 }
 
-// out [M, N] (f32 values, rounded to T) = x [M, K] · Wᵀ (+ bias [N]), W [N, K] of T.
+// out [M, N] (f32 values, rounded to T) = x [M, K] · Wᵀ (+ bias [N]), W [N, K] of T. Each block
+// of sixteen rows of W is read and turned once for all rows of x (their sums wait in `acc`).
 template <bool bf16>
 KERNEL void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int M, int N, int K) {
   using R = std::conditional_t<bf16, Bf16, F16>;
   const int words = K % 2 == 0 ? K / 2 : 0;  // rows read as words need an even length
   const uint32_t* ww = reinterpret_cast<const uint32_t*>(w);
   const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(words));
-  for (int m = 0; m < M; m++) {
-    const float* xm = x + size_t(m) * K;
-    float* o = out + size_t(m) * N;
-    int n = 0;
-    for (; words > 0 && n + 16 <= N; n += 16) {
-      alignas(32) __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      const uint32_t* w0 = ww + size_t(n) * words;
-      const uint32_t* w1 = w0 + size_t(8) * words;
-      const char* next = reinterpret_cast<const char*>(w0 + size_t(16) * words);
-      const char* next_end = reinterpret_cast<const char*>(ww + size_t(std::min(n + 32, N)) * words);
-      alignas(32) __m256i t0[8], t1[8];
-      for (int c = 0; c < words; c += 8) {
-        const int chunk = std::min(8, words - c);
-        chunk_words(w0 + c, w1 + c, words, chunk, stride, next, next_end, t0, t1);
-        half_words<bf16>(acc, t0, t1, xm + size_t(c) * 2, chunk);
-      }
-      for (int s = 0; s < 2; s++) {
-        __m256 v = acc[s];
-        if (bias) {
-          alignas(32) float b[8];
-          for (int j = 0; j < 8; j++) {
-            b[j] = half_at<bf16>(bias, n + 8 * s + j);
-          }
-          v = _mm256_add_ps(v, _mm256_load_ps(b));
-        }
-        _mm256_storeu_ps(o + n + 8 * s, R::lanes(v));
+  std::vector<float> acc(size_t(16) * M);  // each x row's sixteen sums
+  int n = 0;
+  for (; words > 0 && n + 16 <= N; n += 16) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const uint32_t* w0 = ww + size_t(n) * words;
+    const uint32_t* w1 = w0 + size_t(8) * words;
+    const char* next = reinterpret_cast<const char*>(w0 + size_t(16) * words);
+    const char* next_end = reinterpret_cast<const char*>(ww + size_t(std::min(n + 32, N)) * words);
+    alignas(32) __m256i t0[8], t1[8];
+    for (int c = 0; c < words; c += 8) {
+      const int chunk = std::min(8, words - c);
+      chunk_words(w0 + c, w1 + c, words, chunk, stride, next, next_end, t0, t1);
+      for (int m = 0; m < M; m++) {
+        half_words<bf16>(acc.data() + 16 * m, t0, t1, x + size_t(m) * K + size_t(c) * 2, chunk);
       }
     }
-    // The rows left over (or every row, for an odd K): the same sums one at a time.
-    for (; n < N; n++) {
-      const uint16_t* row = w + size_t(n) * K;
+    alignas(32) float b[16] = {};
+    if (bias) {
+      for (int j = 0; j < 16; j++) {
+        b[j] = half_at<bf16>(bias, n + j);
+      }
+    }
+    for (int m = 0; m < M; m++) {
+      for (int s = 0; s < 2; s++) {
+        __m256 v = _mm256_loadu_ps(acc.data() + 16 * m + 8 * s);
+        if (bias) {
+          v = _mm256_add_ps(v, _mm256_load_ps(b + 8 * s));
+        }
+        _mm256_storeu_ps(out + size_t(m) * N + n + 8 * s, R::lanes(v));
+      }
+    }
+  }
+  // The rows left over (or every row, for an odd K): the same sums one at a time.
+  for (; n < N; n++) {
+    const uint16_t* row = w + size_t(n) * K;
+    for (int m = 0; m < M; m++) {
+      const float* xm = x + size_t(m) * K;
       float sum = 0;
       for (int k = 0; k < K; k++) {
         sum += xm[k] * half_at<bf16>(row, k);
@@ -108,7 +116,7 @@ KERNEL void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, f
       if (bias) {
         sum += half_at<bf16>(bias, n);
       }
-      o[n] = R::one(sum);
+      out[size_t(m) * N + n] = R::one(sum);
     }
   }
 }
