@@ -1,5 +1,6 @@
 //! One forward for every kind of step: rows that feed different numbers of tokens in one step get,
-//! per row, exactly the logits and caches each gets alone, on caches of their own and stacked.
+//! per row, the logits and caches each gets alone, on caches of their own and stacked: bit for bit
+//! where no product goes through BLAS, within BLAS's roundings where one does (`Match`).
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
@@ -43,10 +44,28 @@ fn alone(model: &dyn LanguageModel, history: &[u32], new: &[u32]) -> (Vec<f32>, 
     (to_f32_vec(&logits).unwrap(), caches)
 }
 
-fn assert_same(got: &[f32], want: &[f32], what: &str) {
+/// How closely a row in a step must match the row alone.
+#[derive(Clone, Copy)]
+enum Match {
+    /// Bit for bit: every product of the model computes each output alike whatever the number of
+    /// rows (our quantized kernel, MLX's quantized and half-precision kernels).
+    Exact,
+    /// Within this absolute difference: the model has f32 products, which go through BLAS, and
+    /// OpenBLAS's kernels for 1 row and for 21 (Haswell's and Zen's among them) may sum a row in
+    /// another order (Gemma's logits 1.7e-4 apart with those, equal with the AVX-512 ones; both
+    /// checked with `OPENBLAS_CORETYPE`), as in
+    /// mlx-lm's batches. A misplaced pad, mask or position moves logits by far more (a RoPE
+    /// position off by one in the ragged rows moves them by 35).
+    Within(f32),
+}
+
+fn assert_same(got: &[f32], want: &[f32], what: &str, m: Match) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-    assert!(got == want, "{what}: differs from the row alone (max |diff| {worst})");
+    match m {
+        Match::Exact => assert!(got == want, "{what}: differs from the row alone (max |diff| {worst})"),
+        Match::Within(tol) => assert!(worst <= tol && got.iter().all(|v| v.is_finite()), "{what}: differs from the row alone by {worst} (allowed {tol})"),
+    }
 }
 
 /// Each layer's keys and values at the positions held (none of these caches has wrapped), as
@@ -58,7 +77,7 @@ fn contents(caches: &[LayerCache]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
+fn check_ragged_step(model: &dyn LanguageModel, stacked: bool, m: Match) {
     let (histories, news) = rows();
     let alone: Vec<(Vec<f32>, Vec<LayerCache>)> = histories.iter().zip(&news).map(|(h, n)| alone(model, h, n)).collect();
     let news_ref: Vec<&[u32]> = news.iter().map(Vec::as_slice).collect();
@@ -75,7 +94,7 @@ fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
     assert_eq!(logits.shape()[..2], [3, 7]);
     let kind = if stacked { "stacked" } else { "own caches" };
     for (i, (want, _)) in alone.iter().enumerate() {
-        assert_same(&row_logits(&logits, i as i32, news[i].len() as i32), want, &format!("row {i} ({kind})"));
+        assert_same(&row_logits(&logits, i as i32, news[i].len() as i32), want, &format!("row {i} ({kind})"), m);
     }
     // The next step feeds one token per row; each row continues as it would alone.
     let next = [5u32, 6, 7];
@@ -89,10 +108,14 @@ fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
     for (i, (_, caches)) in alone.into_iter().enumerate() {
         let mut caches = caches;
         let want = model.forward(&Tokens::one(&next[i..i + 1]), CacheView::Rows(&mut [&mut caches]), &ALL).unwrap().unwrap();
-        assert_same(&row_logits(&logits, i as i32, 1), &to_f32_vec(&want).unwrap(), &format!("row {i}, next step ({kind})"));
+        assert_same(&row_logits(&logits, i as i32, 1), &to_f32_vec(&want).unwrap(), &format!("row {i}, next step ({kind})"), m);
         let held = if stacked { stack.take(i as u64).unwrap() } else { std::mem::take(&mut own[i]) };
         assert_eq!(held[0].offset(), histories[i].len() + news[i].len() + 1);
-        assert_eq!(contents(&held), contents(&caches), "row {i}'s cache ({kind})");
+        let (held, alone) = (contents(&held), contents(&caches));
+        assert_eq!(held.len(), alone.len(), "row {i}'s cache: arrays ({kind})");
+        for (j, (got, want)) in held.iter().zip(alone).enumerate() {
+            assert_same(got, &want, &format!("row {i}'s cache, array {j} ({kind})"), m);
+        }
     }
 }
 
@@ -103,8 +126,8 @@ fn check_ragged_step(model: &dyn LanguageModel, stacked: bool) {
 fn rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
     let model = load("MLX_BUN_TEST_GGUF");
     assert!(model.stackable());
-    check_ragged_step(model.as_ref(), false);
-    check_ragged_step(model.as_ref(), true);
+    check_ragged_step(model.as_ref(), false, Match::Exact);
+    check_ragged_step(model.as_ref(), true, Match::Exact);
 }
 
 /// The same for Gemma 3, whose sliding-window layers keep rotating caches (rows on caches of
@@ -114,5 +137,5 @@ fn rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
 fn gemma_rows_feeding_1_3_and_7_tokens_get_what_each_gets_alone() {
     let model = load("MLX_BUN_TEST_GEMMA_GGUF");
     assert!(!model.stackable());
-    check_ragged_step(model.as_ref(), false);
+    check_ragged_step(model.as_ref(), false, Match::Within(1e-3));
 }
