@@ -73,6 +73,8 @@ KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t*
   return _mm256_add_ps(a, b);
 }
 
+constexpr size_t PREFETCH_ROWS = 4;
+
 template <int bits>
 KERNEL_FMA void factored_rows(const Operands& o) {
   constexpr int per_byte = 8 / bits, unit = 8 * per_byte;  // values in eight bytes
@@ -100,9 +102,18 @@ KERNEL_FMA void factored_rows(const Operands& o) {
   }
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
   const size_t row_bytes = size_t(o.K) / per_byte;
+  const size_t end = size_t(o.N) * row_bytes;
   for (int n = 0; n < o.N; n++) {
     const uint8_t* q = bytes + size_t(n) * row_bytes;
     const size_t first = size_t(n) * groups;
+    // The row PREFETCH_ROWS ahead, asked for now: without it a row's loads wait on memory (on an
+    // Intel Xeon, 44 % of this kernel's samples were on one load's first use, and 'all' decoded
+    // slower than MLX's order, which prefetches), rows this short leaving the hardware
+    // prefetcher too little to go on. Four rows ahead measured best of 2, 4, 8 and 16.
+    const size_t ahead = (size_t(n) + PREFETCH_ROWS) * row_bytes;
+    for (size_t b = ahead; b < ahead + row_bytes && b < end; b += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(bytes + b), _MM_HINT_T0);
+    }
     for (int m = 0; m < o.M; m++) {
       const float* x = xs.data() + size_t(m) * o.K;
       const float* xsum = xsums.data() + size_t(m) * groups * 8;
