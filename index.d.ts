@@ -224,7 +224,8 @@ export interface LoadOptions {
    *   batched decode) dequantizes its matrix and goes through BLAS (quantized kernels work row by
    *   row: a GGUF's prefill 81 → 210 tokens/s), and smaller ones (decode) take our x86_64 kernel's
    *   factored form, scale · Σ x·q + bias · Σ x per group with fused multiply-adds, a matrix row
-   *   at a time (Q8_0 decode 38 → 45 tokens/s, Gemma-3's Q4_K_M 21 → 28). Faster on the CPU backend (dense matrices at twice their memory, quantized ones
+   *   at a time, four rows ahead prefetched (Q8_0 decode 38 → 45 tokens/s, Gemma-3's Q4_K_M
+   *   21 → 28 on an AMD EPYC; on an Intel Xeon 30 → 35 and 21 → 26). Faster on the CPU backend (dense matrices at twice their memory, quantized ones
    *   at one more bit per weight), but rounding differs from MLX's kernels, so tokens can differ
    *   from mlx-lm's (`mlx-bun eval kl --f32-matmuls all` measures what it costs).
    * - `'none'`: every matrix as stored.
