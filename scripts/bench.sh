@@ -42,10 +42,10 @@ if [ ! -d scripts/peers/node_modules/node-llama-cpp ]; then
     Darwin-arm64) plat=mac-arm64-metal ;; Darwin-x86_64) plat=mac-x64 ;;
     *) echo "bench: no node-llama-cpp binary for $(uname -sm)" >&2; exit 1 ;;
   esac
-  # `npm install --no-save` installs the lockfile's versions without rewriting it; npm 11's `ci`
-  # refuses this lockfile, which lists only the Linux binaries among node-llama-cpp's optional
-  # dependencies (npm leaves other platforms' out when it writes one on Linux).
-  npm install --prefix scripts/peers --omit=optional --ignore-scripts --no-save --no-audit --no-fund >/dev/null
+  # One `npm install --no-save`: the lockfile's versions and this platform's binary, the lockfile
+  # not rewritten. npm 11's `ci` refuses this lockfile, which lists only the Linux binaries among
+  # node-llama-cpp's optional dependencies (npm leaves other platforms' out when it writes one on
+  # Linux).
   npm install --prefix scripts/peers --omit=optional --ignore-scripts --no-save --no-audit --no-fund "@node-llama-cpp/$plat@3.22.1" >/dev/null
 fi
 

@@ -16,7 +16,7 @@ rust_tests
 # OpenBLAS picks its kernels for the CPU at hand, and a claim checked with one CPU's kernels may
 # not hold with another's (a test that passed on AVX-512 machines failed on AVX2 ones). On a CPU
 # with AVX-512, run the Rust tests again with the kernels AVX2 CPUs (Intel Haswell on, AMD Zen)
-# get: OPENBLAS_CORETYPE picks them in Debian's OpenBLAS (~20 s). A CPU without AVX-512 runs
+# get: OPENBLAS_CORETYPE picks them in Debian's OpenBLAS (~10 s, nothing rebuilt). A CPU without AVX-512 runs
 # those already.
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   echo "== cargo test with OpenBLAS's Haswell kernels ($(date -u +%T))"

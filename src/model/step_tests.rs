@@ -53,9 +53,9 @@ enum Match {
     /// Within this absolute difference: the model has f32 products, which go through BLAS, and
     /// OpenBLAS's kernels for 1 row and for 21 (Haswell's and Zen's among them) may sum a row in
     /// another order (Gemma's logits 1.7e-4 apart with those, equal with the AVX-512 ones; both
-    /// checked with `OPENBLAS_CORETYPE`), as in
-    /// mlx-lm's batches. A misplaced pad, mask or position moves logits by far more (a RoPE
-    /// position off by one in the ragged rows moves them by 35).
+    /// checked with `OPENBLAS_CORETYPE`), as in mlx-lm's batches. A misplaced pad, mask or
+    /// position moves logits by far more (a RoPE position off by one in the ragged rows moves
+    /// them by 35).
     Within(f32),
 }
 
@@ -111,9 +111,9 @@ fn check_ragged_step(model: &dyn LanguageModel, stacked: bool, m: Match) {
         assert_same(&row_logits(&logits, i as i32, 1), &to_f32_vec(&want).unwrap(), &format!("row {i}, next step ({kind})"), m);
         let held = if stacked { stack.take(i as u64).unwrap() } else { std::mem::take(&mut own[i]) };
         assert_eq!(held[0].offset(), histories[i].len() + news[i].len() + 1);
-        let (held, alone) = (contents(&held), contents(&caches));
-        assert_eq!(held.len(), alone.len(), "row {i}'s cache: arrays ({kind})");
-        for (j, (got, want)) in held.iter().zip(alone).enumerate() {
+        let (got_kv, want_kv) = (contents(&held), contents(&caches));
+        assert_eq!(got_kv.len(), want_kv.len(), "row {i}'s cache: arrays ({kind})");
+        for (j, (got, want)) in got_kv.iter().zip(want_kv).enumerate() {
             assert_same(got, &want, &format!("row {i}'s cache, array {j} ({kind})"), m);
         }
     }
