@@ -57,6 +57,30 @@ pub fn half_rows_fits(x: &Array, w: &Array, bias: Option<&Array>) -> bool {
 /// vector: kernels/half_rows.h). Built on this thread's current stream. Only where
 /// `half_rows_fits` (an error elsewhere).
 pub fn half_rows_matmul(x: &Array, w: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
+    with_bias(mlx_sys::mlx_bun_half_rows_matmul, x, w, bias)
+}
+
+/// Whether our kernels' forms in fused multiply-adds run here (`f32t_rows_matmul`, and the
+/// factored form of `affine_rows_matmul`): our kernels' CPUs with FMA.
+pub fn fma_kernels() -> bool {
+    // SAFETY: a plain query of the CPU's features.
+    backend::is_cpu() && unsafe { mlx_sys::mlx_bun_fma_kernels() }
+}
+
+/// `x · Wt (+ bias)` for f32 x [..., K], a matrix held transposed, Wt [K, N], and a bias [N]: each
+/// output one chain of fused multiply-adds over k ascending, then the bias (kernels/f32t_rows.h):
+/// for products of a few rows, where BLAS copies the whole matrix at every call. Not BLAS's
+/// roundings (used under the opt-in `f32Matmuls: 'all'` only); the same for a row of x alone or
+/// among others. Built on this thread's current stream. Only where `fma_kernels` (an error
+/// elsewhere).
+pub fn f32t_rows_matmul(x: &Array, wt: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
+    with_bias(mlx_sys::mlx_bun_f32t_rows_matmul, x, wt, bias)
+}
+
+type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;
+
+/// Calls one of our kernels' builders of `x`, a matrix and an optional bias.
+fn with_bias(build: WithBias, x: &Array, w: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
     let stream = Stream::thread_local_or_default();
     let mut err = [0 as std::os::raw::c_char; 256];
     let bias_handle = bias.map(|b| b.as_ptr());
@@ -66,7 +90,7 @@ pub fn half_rows_matmul(x: &Array, w: &Array, bias: Option<&Array>) -> Result<Ar
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
         let bias_ptr = bias_handle.as_ref().map_or(std::ptr::null(), |b| b as *const _);
-        let status = mlx_sys::mlx_bun_half_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), bias_ptr, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        let status = build(&mut res, x.as_ptr(), w.as_ptr(), bias_ptr, stream.as_ptr(), err.as_mut_ptr(), err.len());
         if status != 0 {
             mlx_sys::mlx_array_free(res);
             return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));

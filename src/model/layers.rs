@@ -36,11 +36,11 @@ pub struct QuantWeight {
     scales: Array,
     biases: Array,
     params: QuantParams,
-    /// The stored dtype of half-precision scales held in f32 (`f32Matmuls: 'all'`), which the
-    /// outputs are cast back to. With f32 scales a product runs in f32, one rounding per
-    /// operation where a half-precision one has two (our CPU kernel: SmolLM2 4-bit bf16 decode
-    /// 35 -> 54 tok/s; MLX's own, elsewhere, 7x (bf16) to 35x (f16) slower in half precision);
-    /// outputs differ from mlx-lm's (closer to the f32 ones).
+    /// The stored dtype of half-precision scales whose products run in f32 (`f32Matmuls: 'all'`),
+    /// which the outputs are cast back to: one rounding per operation where a half-precision
+    /// product has two (our CPU kernel: SmolLM2 4-bit bf16 decode 35 -> 54 tok/s; MLX's own,
+    /// elsewhere, 7x (bf16) to 35x (f16) slower in half precision); outputs differ from mlx-lm's
+    /// (closer to the f32 ones). The scales are held in f32 unless `factored`.
     half: Option<Dtype>,
     /// `f32Matmuls: 'all'` on MLX's CPU backend: products of many rows (prefill, big batched
     /// decode steps) dequantize the matrix to f32 and go through BLAS. Quantized kernels multiply
@@ -51,8 +51,13 @@ pub struct QuantWeight {
     /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
     /// times faster where MLX's CPU kernel is scalar (x86_64).
     rows_kernel: bool,
-    /// `f32Matmuls: 'all'`: our kernel's products (those of fewer rows than dequantize) in its
-    /// factored form, not MLX's roundings (SmolLM2 Q4_0 GGUF decode 37 -> 50 tok/s).
+    /// `f32Matmuls: 'all'` where our kernel's FMA form runs: its products (those of fewer rows
+    /// than dequantize) in f32 in the factored form, not MLX's roundings (SmolLM2 Q4_0 GGUF decode
+    /// 37 -> 50 tok/s). That form converts half-precision scales to f32 exactly as it reads them,
+    /// so they are held as stored, and f32 ones in f16 where every value is an f16 exactly
+    /// (GGUF's Q8_0, Q5_0 and Q4_0 scales are, and their biases -128, -16 and -8 times them): a
+    /// decode step reads 17 % fewer bytes of a 4-bit matrix, 10 % of an 8-bit one, with the same
+    /// numbers.
     factored: bool,
     /// `[weight, scales, biases]` of each half of the rows where products split (`split_at`).
     halves: Option<[[Array; 3]; 2]>,
@@ -75,25 +80,28 @@ impl QuantWeight {
         let groups = cols / params.group_size as usize;
         let mut scales = w.array_shaped(&format!("{path}.scales"), &[rows, groups])?;
         let mut biases = w.array_shaped(&format!("{path}.biases"), &[rows, groups])?;
-        let half = (w.f32_matmuls() == F32Matmuls::All && scales.dtype() != Dtype::Float32).then(|| scales.dtype());
-        if half.is_some() {
+        let all = w.f32_matmuls() == F32Matmuls::All;
+        let rows_kernel = matches!(params.bits, 2 | 4 | 8) && kernels::affine_rows_fast();
+        let factored = all && rows_kernel && kernels::fma_kernels();
+        let half = (all && scales.dtype() != Dtype::Float32).then(|| scales.dtype());
+        if half.is_some() && !factored {
             scales = scales.as_dtype(Dtype::Float32)?;
             biases = biases.as_dtype(Dtype::Float32)?;
             mlx_rs::transforms::eval([&scales, &biases])?;
+        } else if factored && half.is_none() {
+            (scales, biases) = f16_if_exact(scales, biases)?;
         }
-        let dequantize_rows = w.f32_matmuls() == F32Matmuls::All && backend::is_cpu();
-        let rows_kernel = matches!(params.bits, 2 | 4 | 8) && kernels::affine_rows_fast();
+        let dequantize_rows = all && backend::is_cpu();
         let weight = w.array_shaped(&format!("{path}.weight"), &[rows, packed])?;
         let halves = match split_at(rows, cols) {
-            Some(h) => {
+            Some(h) if !rows_kernel => {
                 let [w0, w1] = halves(&weight, h)?;
                 let [s0, s1] = halves(&scales, h)?;
                 let [b0, b1] = halves(&biases, h)?;
                 Some([[w0, s0, b0], [w1, s1, b1]])
             }
-            None => None,
+            _ => None,
         };
-        let factored = w.f32_matmuls() == F32Matmuls::All;
         Ok(QuantWeight { weight, scales, biases, params, half, dequantize_rows, rows_kernel, factored, halves })
     }
 
@@ -107,19 +115,22 @@ impl QuantWeight {
 
     /// Whether a product with `x` dequantizes and goes through BLAS (`dequantize_rows`).
     fn dequantizes(&self, x: &Array) -> bool {
-        let inner = x.shape().last().copied().unwrap_or(1).max(1) as i64;
         let min_rows = if self.rows_kernel { DEQUANTIZE_MIN_ROWS } else { DEQUANTIZE_MIN_ROWS_MLX_KERNEL };
-        self.dequantize_rows && x.size() as i64 / inner >= min_rows
+        self.dequantize_rows && rows(x) >= min_rows
     }
 
     /// `x · Wᵀ`; `split`: in halves where the matrix has them (`split_at`).
     fn matmul_t(&self, x: &Array, split: bool) -> Result<Array> {
         if self.dequantizes(x) {
-            let w = ops::dequantize(&self.weight, &self.scales, &self.biases, self.params.group_size, self.params.bits)?;
-            let y = ops::matmul(&x.as_dtype(Dtype::Float32)?, &w.as_dtype(Dtype::Float32)?.t())?;
+            // In f32 from f32 scales (those held compact would round the weights to their dtype).
+            let (s, b) = (self.scales.as_dtype(Dtype::Float32)?, self.biases.as_dtype(Dtype::Float32)?);
+            let w = ops::dequantize(&self.weight, &s, &b, self.params.group_size, self.params.bits)?;
+            let y = ops::matmul(&x.as_dtype(Dtype::Float32)?, &w.t())?;
             return Ok(y.as_dtype(x.dtype())?);
         }
         let (group, bits) = (self.params.group_size, self.params.bits);
+        // The factored form's products are in f32, whatever the dtype its scales are held in.
+        let x = &if self.factored { x.as_dtype(Dtype::Float32)? } else { x.clone() };
         let product = |[w, s, b]: &[Array; 3]| -> Result<Array> {
             if self.rows_kernel {
                 return Ok(kernels::affine_rows_matmul(x, w, s, b, group, bits, self.factored)?);
@@ -132,6 +143,22 @@ impl QuantWeight {
         };
         self.stored(y, x)
     }
+}
+
+/// `scales` and `biases` in f16 if every value converts to it and back unchanged, else as they are.
+fn f16_if_exact(scales: Array, biases: Array) -> Result<(Array, Array)> {
+    let exact = |a: &Array| -> Result<Option<Array>> {
+        let h = a.as_dtype(Dtype::Float16)?;
+        let same = ops::array_eq(&h.as_dtype(Dtype::Float32)?, a, false)?.try_item_exact::<bool>().map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(same.then_some(h))
+    };
+    Ok(match (exact(&scales)?, exact(&biases)?) {
+        (Some(s), Some(b)) => {
+            mlx_rs::transforms::eval([&s, &b])?;
+            (s, b)
+        }
+        _ => (scales, biases),
+    })
 }
 
 /// Where a product with a matrix of `out` rows of `inner` columns splits its rows in two: on
@@ -178,7 +205,7 @@ impl Dense {
         let dtype = weight.dtype();
         if w.f32_matmuls() != F32Matmuls::All {
             let halves = match split_at(rows, cols) {
-                Some(h) if dtype != Dtype::Float32 => Some(halves(&weight, h)?),
+                Some(h) if dtype != Dtype::Float32 && !kernels::affine_rows_fast() => Some(halves(&weight, h)?),
                 _ => None,
             };
             return Ok(Dense::Native { w: weight, halves });
@@ -211,8 +238,10 @@ impl Dense {
             }
             Dense::F32T { wt, .. } => {
                 let x32 = x.as_dtype(Dtype::Float32)?;
-                let y = match bias {
-                    Some(b) => ops::addmm(b.as_dtype(Dtype::Float32)?, &x32, wt, None, None)?,
+                let b32 = bias.map(|b| b.as_dtype(Dtype::Float32)).transpose()?;
+                let y = match b32 {
+                    _ if rows(x) < F32T_KERNEL_MAX_ROWS && kernels::fma_kernels() => kernels::f32t_rows_matmul(&x32, wt, b32.as_ref())?,
+                    Some(b) => ops::addmm(b, &x32, wt, None, None)?,
                     None => ops::matmul(&x32, wt)?,
                 };
                 Ok(y.as_dtype(x.dtype())?)
@@ -232,6 +261,19 @@ impl Dense {
             }
         }
     }
+}
+
+/// Rows of x below which an f32 product with a matrix held transposed runs our kernel
+/// (`kernels::f32t_rows_matmul`), not BLAS, which copies the whole matrix at every call: one row
+/// (a decode step of one sequence). From two rows BLAS's copy is shared and its kernel faster
+/// (640×2048, two cores: one row 0.15 against 0.21 ms, two 0.16 against 0.26, four 0.38 against
+/// 0.35, eight 0.68 against 0.38; 576×1536: two rows 0.18 against 0.15).
+const F32T_KERNEL_MAX_ROWS: i64 = 2;
+
+/// The rows of `x` as a matrix (its last axis the columns).
+fn rows(x: &Array) -> i64 {
+    let inner = x.shape().last().copied().unwrap_or(1).max(1) as i64;
+    x.size() as i64 / inner
 }
 
 pub enum Linear {
@@ -269,9 +311,9 @@ impl Linear {
     /// half-precision matrices (ours too); f32 goes through BLAS, threaded already.
     fn one_core(&self, x: &Array) -> bool {
         match self {
-            Linear::Dense { weight: Dense::Native { w, .. }, .. } => w.dtype() != Dtype::Float32,
+            Linear::Dense { weight: Dense::Native { w, .. }, bias } => w.dtype() != Dtype::Float32 && !kernels::half_rows_fits(x, w, bias.as_ref()),
             Linear::Dense { weight: Dense::F32T { .. }, .. } => false,
-            Linear::Quantized { q, .. } => !q.dequantizes(x),
+            Linear::Quantized { q, .. } => !q.dequantizes(x) && !q.rows_kernel,
         }
     }
 }
@@ -309,10 +351,15 @@ impl Embedding {
         match self {
             Embedding::Dense(weight) => weight.rows(ids),
             Embedding::Quantized(q) => {
+                // Scales held compact (`factored`) in f32 again: the rows as with f32 scales.
+                let compact = |a: &Array| -> Result<Array> {
+                    let rows = a.take_axis(ids, 0)?;
+                    Ok(if q.factored { rows.as_dtype(Dtype::Float32)? } else { rows })
+                };
                 let rows = ops::dequantize(
                     q.weight.take_axis(ids, 0)?,
-                    q.scales.take_axis(ids, 0)?,
-                    &q.biases.take_axis(ids, 0)?,
+                    compact(&q.scales)?,
+                    &compact(&q.biases)?,
                     q.params.group_size,
                     q.params.bits,
                 )?;

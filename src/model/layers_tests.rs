@@ -163,7 +163,8 @@ fn affine_rows_kernel_equals_mlx_bit_for_bit() {
 /// exact (f64) product of the dequantized weights its outputs are, over every case, no farther
 /// than MLX's order (it rounds less often), each within f32 rounding of the sum's size, and they
 /// do differ from MLX's (the form is really taken); a row of x gives the same numbers alone as
-/// beside others. 2/4/8 bits, groups of 32 to 128.
+/// beside others, and scales held in f16 or bf16 give the numbers of their values in f32. 2/4/8
+/// bits, groups of 32 to 128.
 #[test]
 fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
     if !kernels::affine_rows_fast() {
@@ -182,6 +183,14 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
             for i in 0..m {
                 let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, true).unwrap());
                 assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i} of {m}");
+            }
+            // Scales held in f16 or bf16 (`f32Matmuls: 'all'` keeps them compact): the numbers of
+            // their values in f32.
+            for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+                let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
+                let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
+                let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, true).unwrap());
+                assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, true).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
             }
             let xs = host(x);
             let (cols, rows) = (cols as usize, rows as usize);
@@ -232,6 +241,37 @@ fn half_rows_kernel_equals_mlx_bit_for_bit() {
             assert_eq!(same(&ours, &mlx), 0, "{dtype:?} {x_shape:?} with a bias: {} of {} differ", same(&ours, &mlx), mlx.len());
             assert_eq!(mlx.iter().any(|v| v.is_nan()), rows > 1, "NaN reaches the outputs of its row only");
             assert!(mlx.iter().any(|v| v.is_finite()));
+        }
+    }
+}
+
+/// Our f32 kernel for a matrix held transposed (`f32Matmuls: 'all'`, few rows) is within f32
+/// rounding of the exact product, with and without a bias, for widths that are no multiple of
+/// the vector (the scalar columns) and column blocks of several threads; each row of x gives the
+/// numbers it gives alone.
+#[test]
+fn f32t_kernel_is_within_f32_rounding_of_the_exact_product() {
+    if !kernels::fma_kernels() {
+        return; // the quantized kernel's bit-for-bit test says which machines run our kernels
+    }
+    for (m, k, n) in [(1, 640, 2048), (3, 576, 1537), (7, 96, 13), (2, 5, 300)] {
+        let x = random::normal::<f32>(&[m, k], None, None, None).unwrap();
+        let wt = random::normal::<f32>(&[k, n], None, None, None).unwrap();
+        let b = random::normal::<f32>(&[n], None, None, None).unwrap();
+        let (xs, ws, bs) = (host(x.clone()), host(wt.clone()), host(b.clone()));
+        for bias in [None, Some(&b)] {
+            let ours = host(kernels::f32t_rows_matmul(&x, &wt, bias).unwrap());
+            for i in 0..m {
+                let alone = host(kernels::f32t_rows_matmul(&x.index((i..i + 1, ..)), &wt, bias).unwrap());
+                assert_eq!(alone, ours[(i * n) as usize..][..n as usize], "[{m}, {k}]·[{k}, {n}]: row {i}");
+            }
+            let (m, k, n) = (m as usize, k as usize, n as usize);
+            for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+                let terms = (0..k).map(|c| xs[i * k + c] as f64 * ws[c * n + j] as f64).chain(bias.map(|_| bs[j] as f64));
+                let (exact, size) = terms.fold((0.0, 0.0), |(e, a), t| (e + t, a + t.abs()));
+                let o = ours[i * n + j] as f64;
+                assert!((o - exact).abs() <= 2e-5 * size, "[{m}, {k}]·[{k}, {n}] ({i}, {j}): {o} against {exact} (size {size})");
+            }
         }
     }
 }

@@ -30,6 +30,8 @@
 #include <immintrin.h>
 #endif
 
+#include "row_pool.h"
+
 namespace {
 
 using namespace mlx::core;
@@ -299,14 +301,18 @@ KERNEL int rows_avx2(const Operands& o, const float* x, float* out, int n0, int 
   return n;
 }
 
+// Blocks of W's rows on every core (row_pool.h), each a multiple of rows_avx2's sixteen: every
+// output row is computed as in one pass over all of them.
 template <int bits, class R>
 void compute(const Operands& o) {
-  for (int m = 0; m < o.M; m++) {
-    const float* x = o.x + size_t(m) * o.K;
-    float* out = o.out + size_t(m) * o.N;
-    int n = rows_avx2<bits, R>(o, x, out, 0, o.N);
-    rows_scalar<bits, R>(o, x, out, n, o.N);
-  }
+  parallel_rows(o.N, 16, [&](int n0, int n1) {
+    for (int m = 0; m < o.M; m++) {
+      const float* x = o.x + size_t(m) * o.K;
+      float* out = o.out + size_t(m) * o.N;
+      int n = rows_avx2<bits, R>(o, x, out, n0, n1);
+      rows_scalar<bits, R>(o, x, out, n, n1);
+    }
+  });
 }
 
 template <class R>
@@ -524,3 +530,6 @@ extern "C" int mlx_bun_affine_rows_matmul(
 
 // bf16 and f16 products in MLX's order (uses the rounding types, transpose8 and x_in_f32 above).
 #include "half_rows.h"
+
+// f32 products of a few rows with a matrix held transposed, under `f32Matmuls: 'all'`.
+#include "f32t_rows.h"

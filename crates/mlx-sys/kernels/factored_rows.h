@@ -75,6 +75,43 @@ KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t*
 
 constexpr size_t PREFETCH_ROWS = 4;
 
+// Rows [n0, n1) of the product, x rearranged (`xs`) with its sums per group (`xsums`).
+template <int bits>
+KERNEL_FMA void factored_range(const Operands& o, const float* xs, const float* xsums, int n0, int n1) {
+  constexpr int per_byte = 8 / bits;
+  const int groups = o.K / o.group_size;
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
+  const size_t row_bytes = size_t(o.K) / per_byte;
+  const size_t end = size_t(o.N) * row_bytes;
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* q = bytes + size_t(n) * row_bytes;
+    const size_t first = size_t(n) * groups;
+    // The row PREFETCH_ROWS ahead, asked for now: without it a row's loads wait on memory (on an
+    // Intel Xeon, 44 % of this kernel's samples were on one load's first use, and 'all' decoded
+    // slower than MLX's order, which prefetches), rows this short leaving the hardware
+    // prefetcher too little to go on. Four rows ahead measured best of 2, 4, 8 and 16.
+    const size_t ahead = (size_t(n) + PREFETCH_ROWS) * row_bytes;
+    for (size_t b = ahead; b < ahead + row_bytes && b < end; b += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(bytes + b), _MM_HINT_T0);
+    }
+    for (int m = 0; m < o.M; m++) {
+      const float* x = xs + size_t(m) * o.K;
+      const float* xsum = xsums + size_t(m) * groups * 8;
+      // Each lane's part of the group, scale · Σ x·q + bias · Σ x, joins the lane's sum: the two
+      // terms cancel each other within the group (the bias is about -scale · 2^(bits-1)), not
+      // across the whole row.
+      __m256 acc = _mm256_setzero_ps();
+      for (int g = 0; g < groups; g++) {
+        const __m256 dot = group_dot<bits>(q, x, g * o.group_size, (g + 1) * o.group_size);
+        const __m256 bias = _mm256_set1_ps(load_f32(o.biases, first + g, o.scale_type));
+        acc = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xsum + size_t(g) * 8), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f32(o.scales, first + g, o.scale_type)), dot, acc);
+      }
+      o.out[size_t(m) * o.N + n] = lanes_sum(acc);
+    }
+  }
+}
+
 template <int bits>
 KERNEL_FMA void factored_rows(const Operands& o) {
   constexpr int per_byte = 8 / bits, unit = 8 * per_byte;  // values in eight bytes
@@ -100,36 +137,8 @@ KERNEL_FMA void factored_rows(const Operands& o) {
       _mm256_storeu_ps(xsums.data() + (size_t(m) * groups + g) * 8, sum);
     }
   }
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
-  const size_t row_bytes = size_t(o.K) / per_byte;
-  const size_t end = size_t(o.N) * row_bytes;
-  for (int n = 0; n < o.N; n++) {
-    const uint8_t* q = bytes + size_t(n) * row_bytes;
-    const size_t first = size_t(n) * groups;
-    // The row PREFETCH_ROWS ahead, asked for now: without it a row's loads wait on memory (on an
-    // Intel Xeon, 44 % of this kernel's samples were on one load's first use, and 'all' decoded
-    // slower than MLX's order, which prefetches), rows this short leaving the hardware
-    // prefetcher too little to go on. Four rows ahead measured best of 2, 4, 8 and 16.
-    const size_t ahead = (size_t(n) + PREFETCH_ROWS) * row_bytes;
-    for (size_t b = ahead; b < ahead + row_bytes && b < end; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(bytes + b), _MM_HINT_T0);
-    }
-    for (int m = 0; m < o.M; m++) {
-      const float* x = xs.data() + size_t(m) * o.K;
-      const float* xsum = xsums.data() + size_t(m) * groups * 8;
-      // Each lane's part of the group, scale · Σ x·q + bias · Σ x, joins the lane's sum: the two
-      // terms cancel each other within the group (the bias is about -scale · 2^(bits-1)), not
-      // across the whole row.
-      __m256 acc = _mm256_setzero_ps();
-      for (int g = 0; g < groups; g++) {
-        const __m256 dot = group_dot<bits>(q, x, g * o.group_size, (g + 1) * o.group_size);
-        const __m256 bias = _mm256_set1_ps(load_f32(o.biases, first + g, o.scale_type));
-        acc = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xsum + size_t(g) * 8), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f32(o.scales, first + g, o.scale_type)), dot, acc);
-      }
-      o.out[size_t(m) * o.N + n] = lanes_sum(acc);
-    }
-  }
+  // Blocks of rows on every core (row_pool.h).
+  parallel_rows(o.N, 8, [&](int n0, int n1) { factored_range<bits>(o, xs.data(), xsums.data(), n0, n1); });
 }
 
 inline void factored_bits(const Operands& o, int bits) {

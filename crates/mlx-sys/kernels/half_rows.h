@@ -64,22 +64,23 @@ KERNEL inline float half_at(const uint16_t* w, size_t i) {
   }
 }
 
-// out [M, N] (f32 values, rounded to T) = x [M, K] · Wᵀ (+ bias [N]), W [N, K] of T. Each block
-// of sixteen rows of W is read and turned once for all rows of x (their sums wait in `acc`).
+// Rows [n0, n1) of out [M, N] (f32 values, rounded to T) = x [M, K] · Wᵀ (+ bias [N]), W [N, K]
+// of T. Each block of sixteen rows of W is read and turned once for all rows of x (their sums
+// wait in `acc`).
 template <bool bf16>
-KERNEL void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int M, int N, int K) {
+KERNEL void half_rows_range(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int M, int N, int K, int n0, int n1) {
   using R = std::conditional_t<bf16, Bf16, F16>;
   const int words = K % 2 == 0 ? K / 2 : 0;  // rows read as words need an even length
   const uint32_t* ww = reinterpret_cast<const uint32_t*>(w);
   const __m256i stride = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(words));
   std::vector<float> acc(size_t(16) * M);  // each x row's sixteen sums
-  int n = 0;
-  for (; words > 0 && n + 16 <= N; n += 16) {
+  int n = n0;
+  for (; words > 0 && n + 16 <= n1; n += 16) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     const uint32_t* w0 = ww + size_t(n) * words;
     const uint32_t* w1 = w0 + size_t(8) * words;
     const char* next = reinterpret_cast<const char*>(w0 + size_t(16) * words);
-    const char* next_end = reinterpret_cast<const char*>(ww + size_t(std::min(n + 32, N)) * words);
+    const char* next_end = reinterpret_cast<const char*>(ww + size_t(std::min(n + 32, n1)) * words);
     alignas(32) __m256i t0[8], t1[8];
     for (int c = 0; c < words; c += 8) {
       const int chunk = std::min(8, words - c);
@@ -105,7 +106,7 @@ KERNEL void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, f
     }
   }
   // The rows left over (or every row, for an odd K): the same sums one at a time.
-  for (; n < N; n++) {
+  for (; n < n1; n++) {
     const uint16_t* row = w + size_t(n) * K;
     for (int m = 0; m < M; m++) {
       const float* xm = x + size_t(m) * K;
@@ -121,9 +122,19 @@ KERNEL void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, f
   }
 }
 
-class HalfRowsMatmul : public UnaryPrimitive {
+// All of out's rows, in blocks on every core (row_pool.h), each a multiple of sixteen rows: every
+// output row is computed as in one pass over all of them.
+template <bool bf16>
+void half_rows(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int M, int N, int K) {
+  parallel_rows(N, 16, [&](int n0, int n1) { half_rows_range<bf16>(x, w, bias, out, M, N, K, n0, n1); });
+}
+
+// A product of x with a matrix and an optional bias (inputs 0, 1 and 2), both row-contiguous,
+// computed on the stream's thread by `compute` (half_rows.h's and f32t_rows.h's kernels).
+class MatrixProduct : public UnaryPrimitive {
  public:
-  explicit HalfRowsMatmul(Stream stream) : UnaryPrimitive(stream) {}
+  using Compute = void (*)(const array& x, const array& w, const array* bias, array& out);
+  MatrixProduct(Stream stream, const char* name, Compute compute) : UnaryPrimitive(stream), name_(name), compute_(compute) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& x = inputs[0];
@@ -131,7 +142,7 @@ class HalfRowsMatmul : public UnaryPrimitive {
     const array* bias = inputs.size() > 2 ? &inputs[2] : nullptr;
     for (auto* a : {&w, bias}) {
       if (a && !a->flags().row_contiguous) {
-        throw std::runtime_error("[half_rows_matmul] the matrix and bias must be row-contiguous");
+        throw std::runtime_error(std::string("[") + name_ + "] the matrix and bias must be row-contiguous");
       }
     }
     out.set_data(allocator::malloc(out.nbytes()));
@@ -143,31 +154,48 @@ class HalfRowsMatmul : public UnaryPrimitive {
     encoder.dispatch([out = array::unsafe_weak_copy(out),
                       x = array::unsafe_weak_copy(x),
                       w = array::unsafe_weak_copy(w),
-                      bias = bias ? std::optional<array>(array::unsafe_weak_copy(*bias)) : std::nullopt]() mutable {
-      const int K = x.shape(-1), N = w.shape(0), M = int(x.size() / std::max(K, 1));
-      std::vector<float> xs = x_in_f32(x), ys(out.size());
-      const uint16_t* b = bias ? bias->data<uint16_t>() : nullptr;
-      if (out.dtype() == bfloat16) {
-        half_rows<true>(xs.data(), w.data<uint16_t>(), b, ys.data(), M, N, K);
-      } else {
-        half_rows<false>(xs.data(), w.data<uint16_t>(), b, ys.data(), M, N, K);
-      }
-      store_half(ys, out);
-    });
+                      bias = bias ? std::optional<array>(array::unsafe_weak_copy(*bias)) : std::nullopt,
+                      compute = compute_]() mutable { compute(x, w, bias ? &*bias : nullptr, out); });
   }
 
   void eval_gpu(const std::vector<array>&, array&) override {
-    throw std::runtime_error("[half_rows_matmul] runs on the CPU only");
+    throw std::runtime_error(std::string("[") + name_ + "] runs on the CPU only");
   }
 
   const char* name() const override {
-    return "HalfRowsMatmul";
+    return name_;
   }
 
-  bool is_equivalent(const Primitive&) const override {
-    return true;
+  bool is_equivalent(const Primitive& other) const override {
+    return compute_ == static_cast<const MatrixProduct&>(other).compute_;
   }
+
+ private:
+  const char* name_;
+  Compute compute_;
 };
+
+// x, the matrix and the bias (if not null) as the inputs of a MatrixProduct.
+std::vector<array> product_inputs(const mlx_array x, const mlx_array w, const mlx_array* bias) {
+  std::vector<array> inputs = {mlx_array_get_(x), mlx_array_get_(w)};
+  if (bias) {
+    inputs.push_back(mlx_array_get_(*bias));
+  }
+  return inputs;
+}
+
+// Nothing here throws but an allocation failure: this runs on MLX's stream thread.
+void half_rows_compute(const array& x, const array& w, const array* bias, array& out) {
+  const int K = x.shape(-1), N = w.shape(0), M = int(x.size() / std::max(K, 1));
+  std::vector<float> xs = x_in_f32(x), ys(out.size());
+  const uint16_t* b = bias ? bias->data<uint16_t>() : nullptr;
+  if (out.dtype() == bfloat16) {
+    half_rows<true>(xs.data(), w.data<uint16_t>(), b, ys.data(), M, N, K);
+  } else {
+    half_rows<false>(xs.data(), w.data<uint16_t>(), b, ys.data(), M, N, K);
+  }
+  store_half(ys, out);
+}
 
 }  // namespace
 #endif
@@ -189,12 +217,9 @@ extern "C" int mlx_bun_half_rows_matmul(
       throw std::invalid_argument("[half_rows_matmul] needs an x86_64 CPU with AVX2 and F16C (not macOS)");
     }
     auto stream = mlx_stream_get_(s);
-    auto& x = mlx_array_get_(x_in);
-    auto& w = mlx_array_get_(w_in);
-    std::vector<array> inputs = {x, w};
-    if (bias_in) {
-      inputs.push_back(mlx_array_get_(*bias_in));
-    }
+    std::vector<array> inputs = product_inputs(x_in, w_in, bias_in);
+    auto& x = inputs[0];
+    auto& w = inputs[1];
     const Dtype t = w.dtype();
     if ((t != bfloat16 && t != float16) || x.dtype() != t || x.ndim() < 1 || w.ndim() != 2 || x.shape(-1) != w.shape(1) ||
         (bias_in && (inputs[2].dtype() != t || inputs[2].ndim() != 1 || inputs[2].shape(0) != w.shape(0)))) {
@@ -202,7 +227,7 @@ extern "C" int mlx_bun_half_rows_matmul(
     }
     auto shape = x.shape();
     shape.back() = w.shape(0);
-    mlx_array_set_(*res, array(std::move(shape), t, std::make_shared<HalfRowsMatmul>(stream), std::move(inputs)));
+    mlx_array_set_(*res, array(std::move(shape), t, std::make_shared<MatrixProduct>(stream, "half_rows_matmul", half_rows_compute), std::move(inputs)));
     return 0;
 #else
     throw std::invalid_argument("[half_rows_matmul] needs an x86_64 CPU with AVX2 and F16C (not macOS)");

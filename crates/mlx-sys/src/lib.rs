@@ -36,4 +36,19 @@ extern "C" {
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
     ) -> ::std::os::raw::c_int;
+    /// Whether our kernels' forms in fused multiply-adds run here (`mlx_bun_f32t_rows_matmul`, the
+    /// factored form of `mlx_bun_affine_rows_matmul`): x86_64 with AVX2, F16C and FMA, not macOS.
+    pub fn mlx_bun_fma_kernels() -> bool;
+    /// `x · Wt (+ bias)` for f32 x [..., K], Wt [K, N] and bias [N] (null for none): each output
+    /// one chain of fused multiply-adds over k ascending, then the bias; 0, or 1 with a message in
+    /// `err`.
+    pub fn mlx_bun_f32t_rows_matmul(
+        res: *mut mlx_array,
+        x: mlx_array,
+        wt: mlx_array,
+        bias: *const mlx_array,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
 }
