@@ -1,6 +1,6 @@
 //! OpenBLAS's idle spin. After each product OpenBLAS's worker threads spin (`sched_yield`) for
 //! about 2^28 cycles before they sleep; our engine runs its own work on MLX's stream threads
-//! beside BLAS (the second stream's halves of products, our quantized kernel), and the spinning
+//! and its kernels' helper threads beside BLAS (our quantized and f32 kernels), and the spinning
 //! workers take their cores (Gemma-3-270M decode with `f32Matmuls: 'all'` on two cores: system CPU
 //! time 6-7 s -> 1.3 s for 256 tokens, decode 6-18 % faster; f32 batches through BLAS unchanged).
 //! OpenBLAS reads `OPENBLAS_THREAD_TIMEOUT` once, as the program loads it, before `main`: the CLI

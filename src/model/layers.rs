@@ -167,7 +167,8 @@ fn f16_if_exact(scales: Array, biases: Array) -> Result<(Array, Array)> {
 /// the halves joined: each output element is computed exactly as in one product (bit for bit,
 /// checked with mlx on SmolLM2's shapes for 1, 8 and 128 rows of x), 1.5-2x faster. Below
 /// SPLIT_MIN_ELEMENTS the second stream costs more than it saves (192×576: 0.18 ms at once, 0.23
-/// ms split). f32 products (BLAS, already threaded) and Metal use one product.
+/// ms split). f32 products (BLAS, already threaded), our kernels (on every core already:
+/// crates/mlx-sys/kernels/row_pool.h) and Metal use one product.
 fn split_at(out: usize, inner: usize) -> Option<i32> {
     const SPLIT_MIN_ELEMENTS: usize = 1 << 18;
     (out.saturating_mul(inner) >= SPLIT_MIN_ELEMENTS && backend::is_cpu()).then_some((out / 2) as i32)
@@ -319,7 +320,7 @@ impl Linear {
 }
 
 /// The products of `first`'s and then `second`'s layers with `x`. On MLX's CPU backend, where
-/// they run on one core each, `second`'s are computed whole on the thread's second stream while
+/// they run on one core each (MLX's own kernels: where ours run, they use every core already), `second`'s are computed whole on the thread's second stream while
 /// `first`'s are on the default one: products of similar sizes (gate beside up, q beside k and
 /// v) keep both cores busy without being split in halves, so there are no halves to join (two
 /// nodes fewer a product in each step's graph). The same numbers as `forward` (each output
