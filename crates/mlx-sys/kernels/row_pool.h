@@ -22,8 +22,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
+#include <utility>
 
 #include <sched.h>
 
@@ -66,6 +69,12 @@ class RowPool {
         sched_yield();
       }
     }
+    // A block that threw (an allocation failure) on any thread fails the product here, on the
+    // stream's thread, where MLX turns it into the evaluation's error; every block has ended, so
+    // nothing still reads the caller's `ctx`.
+    if (std::exception_ptr e = std::exchange(error_, nullptr)) {
+      std::rethrow_exception(e);
+    }
   }
 
   static RowPool& get() {
@@ -89,9 +98,15 @@ class RowPool {
     return std::clamp(cores, 1, 4);
   }
 
-  explicit RowPool(int threads) : helpers_(threads - 1) {
-    for (int i = 0; i < helpers_; i++) {
-      std::thread([this] { helper(); }).detach();
+  // As many helpers as the system lets it start (none: every product on its stream's thread).
+  explicit RowPool(int threads) {
+    for (int i = 1; i < threads; i++) {
+      try {
+        std::thread([this] { helper(); }).detach();
+        helpers_++;
+      } catch (const std::system_error&) {
+        break;
+      }
     }
   }
 
@@ -113,7 +128,14 @@ class RowPool {
         continue;
       }
       const Job j = job_;
-      j.run(j.ctx, next * j.per, std::min(j.n, (next + 1) * j.per));
+      try {
+        j.run(j.ctx, next * j.per, std::min(j.n, (next + 1) * j.per));
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mtx_);
+        if (!error_) {
+          error_ = std::current_exception();
+        }
+      }
       done_.fetch_add(1, std::memory_order_release);
       s = state_.load(std::memory_order_acquire);
     }
@@ -151,7 +173,9 @@ class RowPool {
   // How long a helper spins after a product (20 µs to 1 ms measured alike on two cores: decode
   // steps' products come closer together than that).
   static constexpr int kSpinMicros = 50;
-  const int helpers_;
+  int helpers_ = 0;
+  // The first exception a block of the current product threw (read once every block is done).
+  std::exception_ptr error_;
   Job job_{};
   // The current product: generation (bits 32-63), blocks (16-31), next block to claim (0-15).
   std::atomic<uint64_t> state_{0};
