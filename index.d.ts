@@ -220,11 +220,11 @@ export interface LoadOptions {
    *   only: their stored products run our kernel, 29 → 15 tokens/s decode for SmolLM2 bf16; a
    *   one-row product with such a matrix runs our f32 kernel, not BLAS), and quantized matrices keep their
    *   packed weights with scales and biases read in f32, so their products run in f32 (a half-precision
-   *   product rounds every operation twice: 4-bit bf16 decode 35 → 54 tokens/s on x86_64); on the
-   *   CPU backend a quantized product of 32 rows or more (4 where MLX's own kernel runs: prefill,
-   *   batched decode) dequantizes its matrix and goes through BLAS (quantized kernels work row by
-   *   row: a GGUF's prefill 81 → 210 tokens/s), and smaller ones (decode) take our x86_64 kernel's
-   *   factored form, scale · Σ x·q + bias · Σ x per group with fused multiply-adds, a matrix row
+   *   product rounds every operation twice: 4-bit bf16 decode 35 → 54 tokens/s on x86_64); on
+   *   x86_64 CPUs a quantized product of 32 rows or more (prefill) runs our kernel in MLX's order
+   *   in f32, each matrix row dequantized once for all rows of x (a GGUF's 128-token prefill ~200
+   *   tokens/s; where MLX's own kernel runs, products of 4 rows or more dequantize the matrix and
+   *   go through BLAS), and smaller ones (decode) take our x86_64 kernel's factored form, scale · Σ x·q + bias · Σ x per group with fused multiply-adds, a matrix row
    *   at a time, four rows ahead prefetched (Q8_0 decode 38 → 45 tokens/s, Gemma-3's Q4_K_M
    *   21 → 28 on an AMD EPYC; on an Intel Xeon 30 → 35 and 21 → 26, and with our kernels on both
    *   cores 42 → 57 and 28 → 35). Faster on the CPU backend (dense matrices at twice their memory, quantized ones

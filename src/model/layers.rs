@@ -42,18 +42,18 @@ pub struct QuantWeight {
     /// elsewhere, 7x (bf16) to 35x (f16) slower in half precision); outputs differ from mlx-lm's
     /// (closer to the f32 ones). The scales are held in f32 unless `factored`.
     half: Option<Dtype>,
-    /// `f32Matmuls: 'all'` on MLX's CPU backend: products of many rows (prefill, big batched
-    /// decode steps) dequantize the matrix to f32 and go through BLAS. Quantized kernels multiply
-    /// row by row (576×1536, 4-bit, our kernel: 0.19 ms at 1 row, 1.3 ms at 16, 2.8 ms at 32;
-    /// MLX's: 2 ms at 1 row, 100 ms at 128), while dequantizing and BLAS cost 1.5-2.6 ms from 1
-    /// to 32 rows. Rounds differently from the quantized kernel.
+    /// `f32Matmuls: 'all'` on MLX's CPU backend where its kernel runs (not ours): products of
+    /// several rows (prefill, batched decode steps) dequantize the matrix to f32 and go through
+    /// BLAS. MLX's kernel multiplies row by row (576×1536, 4-bit: 2 ms at 1 row, 100 ms at 128),
+    /// while dequantizing and BLAS cost 1.5-2.6 ms from 1 to 32 rows. Rounds differently from
+    /// the quantized kernel.
     dequantize_rows: bool,
     /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
     /// times faster where MLX's CPU kernel is scalar (x86_64).
     rows_kernel: bool,
-    /// `f32Matmuls: 'all'` where our kernel's FMA form runs: its products (those of fewer rows
-    /// than dequantize) in f32 in the factored form, not MLX's roundings (SmolLM2 Q4_0 GGUF decode
-    /// 37 -> 50 tok/s). That form converts half-precision scales to f32 exactly as it reads them,
+    /// `f32Matmuls: 'all'` where our kernel's FMA form runs: every product in f32, those of
+    /// fewer than `FACTORED_MAX_ROWS` rows in the factored form, not MLX's roundings (SmolLM2 Q4_0
+    /// GGUF decode 37 -> 50 tok/s). That form converts half-precision scales to f32 exactly as it reads them,
     /// so they are held as stored, and f32 ones in f16 where every value is an f16 exactly
     /// (GGUF's Q8_0, Q5_0 and Q4_0 scales are, and their biases -128, -16 and -8 times them): a
     /// decode step reads 17 % fewer bytes of a 4-bit matrix, 10 % of an 8-bit one, with the same
@@ -63,12 +63,16 @@ pub struct QuantWeight {
     halves: Option<[[Array; 3]; 2]>,
 }
 
-/// Rows of `x` from which a product dequantizes under `dequantize_rows`: where our kernel's
-/// row-by-row cost passes the dequantization's (on SmolLM2's 576×1536 at 4 bits: 16 rows 1.3 ms
-/// kernel, 2.6 ms dequantized; 32 rows 2.8 against 2.3). With MLX's kernel (no AVX2) it passes at
-/// 4 rows (3.1 ms against 1.6).
-const DEQUANTIZE_MIN_ROWS: i64 = 32;
-const DEQUANTIZE_MIN_ROWS_MLX_KERNEL: i64 = 4;
+/// Rows of `x` from which a product dequantizes under `dequantize_rows`: where MLX's row-by-row
+/// kernel's cost passes the dequantization's (3.1 ms against 1.6 at 4 rows).
+const DEQUANTIZE_MIN_ROWS: i64 = 4;
+
+/// Rows of `x` from which a `factored` product runs in MLX's order instead (f32, the as-stored
+/// numbers): our kernel dequantizes W's rows once for all rows of x there, while the factored
+/// form reads each row of W once per row of x. 32 keeps a decode step of up to 31 rows in the
+/// factored form, each row computed as alone; a 128-token prompt prefills faster in MLX's order
+/// than through dequantization and BLAS (BENCHMARKS.md).
+const FACTORED_MAX_ROWS: i64 = 32;
 
 impl QuantWeight {
     fn load(w: &Weights, path: &str, params: QuantParams, rows: usize, cols: usize) -> Result<Self> {
@@ -91,7 +95,7 @@ impl QuantWeight {
         } else if factored && half.is_none() {
             (scales, biases) = f16_if_exact(scales, biases)?;
         }
-        let dequantize_rows = all && backend::is_cpu();
+        let dequantize_rows = all && backend::is_cpu() && !rows_kernel;
         let weight = w.array_shaped(&format!("{path}.weight"), &[rows, packed])?;
         let halves = match split_at(rows, cols) {
             Some(h) if !rows_kernel => {
@@ -115,8 +119,7 @@ impl QuantWeight {
 
     /// Whether a product with `x` dequantizes and goes through BLAS (`dequantize_rows`).
     fn dequantizes(&self, x: &Array) -> bool {
-        let min_rows = if self.rows_kernel { DEQUANTIZE_MIN_ROWS } else { DEQUANTIZE_MIN_ROWS_MLX_KERNEL };
-        self.dequantize_rows && rows(x) >= min_rows
+        self.dequantize_rows && rows(x) >= DEQUANTIZE_MIN_ROWS
     }
 
     /// `x · Wᵀ`; `split`: in halves where the matrix has them (`split_at`).
@@ -129,13 +132,14 @@ impl QuantWeight {
             return Ok(y.as_dtype(x.dtype())?);
         }
         let (group, bits) = (self.params.group_size, self.params.bits);
-        // The factored form's products are in f32, whatever the dtype its scales are held in.
-        let x = &if self.factored { x.as_dtype(Dtype::Float32)? } else { x.clone() };
+        // Products in f32 under `factored`, whatever the dtype its scales are held in.
+        let x32 = &if self.factored { x.as_dtype(Dtype::Float32)? } else { x.clone() };
+        let factored = self.factored && rows(x) < FACTORED_MAX_ROWS;
         let product = |[w, s, b]: &[Array; 3]| -> Result<Array> {
             if self.rows_kernel {
-                return Ok(kernels::affine_rows_matmul(x, w, s, b, group, bits, self.factored)?);
+                return Ok(kernels::affine_rows_matmul(x32, w, s, b, group, bits, factored)?);
             }
-            Ok(ops::quantized_matmul(x, w, s, b, true, group, bits)?)
+            Ok(ops::quantized_matmul(x32, w, s, b, true, group, bits)?)
         };
         let y = match &self.halves {
             Some([first, second]) if split => joined(product(first)?, backend::on_second_stream(|| product(second))?)?,

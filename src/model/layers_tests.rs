@@ -79,39 +79,59 @@ fn quantized_products_with_f32_scales_keep_the_dtype_and_come_closer() {
     assert!(fast < slow, "f32 scales {fast}, bf16 kernel {slow}");
 }
 
-/// `f32Matmuls: 'all'` on the CPU: from `DEQUANTIZE_MIN_ROWS` rows (32 with our kernel, 4
-/// with MLX's) a product dequantizes and multiplies in f32 (BLAS), within f32 rounding of
-/// the quantized kernel's f32 product; fewer rows keep the quantized kernel bit for bit.
+/// `f32Matmuls: 'all'` on the CPU. Where MLX's kernel runs, a product of `DEQUANTIZE_MIN_ROWS`
+/// rows or more dequantizes and multiplies in f32 (BLAS), within f32 rounding of the quantized
+/// kernel's f32 product; fewer rows keep the quantized kernel bit for bit. Where ours runs,
+/// nothing dequantizes: fewer than `FACTORED_MAX_ROWS` rows take the factored form, more MLX's
+/// order (the as-stored numbers, bit for bit), and a bf16 model's outputs stay bf16.
 #[test]
-fn many_rows_multiply_dequantized_under_f32_matmuls_all() {
+fn many_rows_under_f32_matmuls_all() {
     let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
     let (q, s, b) = ops::quantize(&w, 32, 4).unwrap();
     let params = QuantParams { group_size: 32, bits: 4 };
-    let kernels = if kernels::affine_rows_fast() { vec![false, true] } else { vec![false] };
-    for rows_kernel in kernels {
-        let quantized = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, factored: false, halves: None };
-        let opt_in = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: true, rows_kernel, factored: false, halves: None };
-        let (kept, dequantized) = if rows_kernel { ([1, 31], [32, 128]) } else { ([1, 3], [4, 128]) };
-        for n in kept {
-            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            assert_eq!(host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()), "{n} rows");
+    let weight = |half, dequantize_rows, rows_kernel, factored| QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half, dequantize_rows, rows_kernel, factored, halves: None };
+    let x_of = |n: i32| random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
+    let (quantized, opt_in) = (weight(None, false, false, false), weight(None, true, false, false));
+    for n in [1, 3] {
+        let x = x_of(n);
+        assert_eq!(host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()), "{n} rows");
+    }
+    for n in [4, 128] {
+        let x = x_of(n);
+        let (a, e) = (host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()));
+        let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 1e-3, "{n} rows: {diff}");
+        // Another kernel ran: 1536 sums of 576 products each, in another order.
+        assert!(a != e, "{n} rows: the quantized kernel's own result");
+    }
+    if !(kernels::affine_rows_fast() && kernels::fma_kernels()) {
+        return;
+    }
+    let (ours, factored) = (weight(None, false, true, false), weight(None, false, true, true));
+    for n in [1, 31, 32, 128] {
+        let x = x_of(n);
+        let (a, e) = (host(factored.matmul_t(&x, true).unwrap()), host(ours.matmul_t(&x, true).unwrap()));
+        let form = host(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, true).unwrap());
+        if i64::from(n) < FACTORED_MAX_ROWS {
+            assert!(a == form && a != e, "{n} rows: the factored form");
+        } else {
+            assert!(a == e && a != form, "{n} rows: MLX's order");
         }
-        for n in dequantized {
-            let x = random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-            let (a, e) = (host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()));
-            let diff = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
-            assert!(diff < 1e-3, "{n} rows: {diff}");
-            // Another kernel ran: 1536 sums of 576 products each, in another order.
-            assert!(a != e, "{n} rows: the quantized kernel's own result");
-        }
+    }
+    let (s16, b16) = (s.as_dtype(Dtype::Bfloat16).unwrap(), b.as_dtype(Dtype::Bfloat16).unwrap());
+    let bf16 = QuantWeight { scales: s16, biases: b16, ..weight(Some(Dtype::Bfloat16), false, true, true) };
+    for n in [1, 32] {
+        assert_eq!(bf16.matmul_t(&x_of(n).as_dtype(Dtype::Bfloat16).unwrap(), true).unwrap().dtype(), Dtype::Bfloat16, "{n} rows");
     }
 }
 
 /// Our CPU kernel for quantized products computes what MLX's computes, bit for bit, for
 /// every bit width, scale type and activation type it takes (f32, bf16 and f16 products, and
-/// mixed ones that promote to f32), for row counts not a multiple of its sixteen lanes and
-/// rows whose words are not a multiple of its eight-word loads, for a strided x, and for
-/// x with NaN, infinities and values whose products overflow (NaN written as MLX writes it).
+/// mixed ones that promote to f32), for one row of x and for several (W's rows then dequantized
+/// once for all of them, in blocks of four rows and one), for row counts of W not a multiple of
+/// its sixteen lanes and rows whose words are not a multiple of its eight-word loads, for a
+/// strided x, and for x with NaN, infinities and values whose products overflow (NaN written as
+/// MLX writes it).
 #[test]
 fn affine_rows_kernel_equals_mlx_bit_for_bit() {
     #[cfg(all(target_arch = "x86_64", not(target_os = "macos")))]
