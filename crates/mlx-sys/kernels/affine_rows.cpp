@@ -456,7 +456,7 @@ KERNEL void store_half(const std::vector<float>& v, array& out) {
   }
 }
 
-// The opt-in factored form, a row at a time (it uses Operands, load_f32 and KERNEL_FMA above).
+// The opt-in factored form, a row at a time (it uses Operands and KERNEL_FMA above).
 #include "factored_rows.h"
 #else
 bool has_avx2() {

@@ -15,7 +15,7 @@
 // Rows of x run inside the loop over matrix rows (a matrix row is read from memory once), and
 // each output is computed the same way whatever the number of x rows.
 //
-// Included by affine_rows.cpp inside its anonymous namespace (Operands, load_f32, KERNEL_FMA).
+// Included by affine_rows.cpp inside its anonymous namespace (Operands, KERNEL_FMA).
 
 // Values of x per iteration of a group's loop: eight bytes' worth, and at least 16 so that two
 // chains of additions are in flight.
@@ -50,35 +50,54 @@ KERNEL_FMA __attribute__((always_inline)) inline __m256i widen8(const uint8_t* q
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
 }
 
-// Σ x·q over one group (values [k0, k1) of a row whose bytes start at q), x rearranged.
+// Σ x·q over one group of `size` values whose bytes start at q, x (rearranged) at its first value.
 template <int bits>
-KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t* q, const float* x, int k0, int k1) {
-  constexpr int per_byte = 8 / bits;
+KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t* q, const float* x, int size) {
+  // Bytes of one step (factored_step values).
+  constexpr int step_bytes = bits == 8 ? 16 : 8;
   __m256 a = _mm256_setzero_ps(), b = a;
-  for (int k = k0; k < k1; k += factored_step(bits)) {
-    const float* xk = x + k;
+  for (const float* end = x + size; x < end; x += factored_step(bits), q += step_bytes) {
     if constexpr (bits == 8) {
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(xk), part<8, 0>(widen8(q + k)), a);
-      b = _mm256_fmadd_ps(_mm256_loadu_ps(xk + 8), part<8, 0>(widen8(q + k + 8)), b);
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(x), part<8, 0>(widen8(q)), a);
+      b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), part<8, 0>(widen8(q + 8)), b);
     } else {
-      const __m256i v = widen8(q + k / per_byte);
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(xk), part<bits, 0>(v), a);
-      b = _mm256_fmadd_ps(_mm256_loadu_ps(xk + 8), part<bits, 1>(v), b);
+      const __m256i v = widen8(q);
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(x), part<bits, 0>(v), a);
+      b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), part<bits, 1>(v), b);
       if constexpr (bits == 2) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(xk + 16), part<2, 2>(v), a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(xk + 24), part<2, 3>(v), b);
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), part<2, 2>(v), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), part<2, 3>(v), b);
       }
     }
   }
   return _mm256_add_ps(a, b);
 }
 
+// The scales' stored type, a template argument so that reading one takes no branch.
+enum class ScaleType { F32, F16, Bf16 };
+
+// A scale or bias as f32 (each stored type converts exactly).
+template <ScaleType T>
+KERNEL_FMA __attribute__((always_inline)) inline float scale_at(const void* p, size_t i) {
+  if constexpr (T == ScaleType::F32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (T == ScaleType::F16) {
+    return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
+  } else {
+    uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+}
+
 constexpr size_t PREFETCH_ROWS = 4;
 
 // Rows [n0, n1) of the product, x rearranged (`xs`) with its sums per group (`xsums`).
-template <int bits>
+template <int bits, ScaleType T>
 KERNEL_FMA void factored_range(const Operands& o, const float* xs, const float* xsums, int n0, int n1) {
   constexpr int per_byte = 8 / bits;
+  const size_t group_bytes = size_t(o.group_size) / per_byte;
   const int groups = o.K / o.group_size;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
   const size_t row_bytes = size_t(o.K) / per_byte;
@@ -102,10 +121,10 @@ KERNEL_FMA void factored_range(const Operands& o, const float* xs, const float* 
       // across the whole row.
       __m256 acc = _mm256_setzero_ps();
       for (int g = 0; g < groups; g++) {
-        const __m256 dot = group_dot<bits>(q, x, g * o.group_size, (g + 1) * o.group_size);
-        const __m256 bias = _mm256_set1_ps(load_f32(o.biases, first + g, o.scale_type));
+        const __m256 dot = group_dot<bits>(q + g * group_bytes, x + size_t(g) * o.group_size, o.group_size);
+        const __m256 bias = _mm256_set1_ps(scale_at<T>(o.biases, first + g));
         acc = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xsum + size_t(g) * 8), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(load_f32(o.scales, first + g, o.scale_type)), dot, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale_at<T>(o.scales, first + g)), dot, acc);
       }
       o.out[size_t(m) * o.N + n] = lanes_sum(acc);
     }
@@ -137,8 +156,15 @@ KERNEL_FMA void factored_rows(const Operands& o) {
       _mm256_storeu_ps(xsums.data() + (size_t(m) * groups + g) * 8, sum);
     }
   }
-  // Blocks of rows on every core (row_pool.h).
-  parallel_rows(o.N, 8, [&](int n0, int n1) { factored_range<bits>(o, xs.data(), xsums.data(), n0, n1); });
+  // Blocks of rows on every core (row_pool.h), in a form for the scales' stored type.
+  const float *x = xs.data(), *sums = xsums.data();
+  if (o.scale_type == float32) {
+    parallel_rows(o.N, 8, [&](int n0, int n1) { factored_range<bits, ScaleType::F32>(o, x, sums, n0, n1); });
+  } else if (o.scale_type == float16) {
+    parallel_rows(o.N, 8, [&](int n0, int n1) { factored_range<bits, ScaleType::F16>(o, x, sums, n0, n1); });
+  } else {
+    parallel_rows(o.N, 8, [&](int n0, int n1) { factored_range<bits, ScaleType::Bf16>(o, x, sums, n0, n1); });
+  }
 }
 
 inline void factored_bits(const Operands& o, int bits) {
