@@ -104,18 +104,31 @@ struct F16 {
   }
 };
 
+// The scales' stored type as a template argument, for loops that read one per group without a
+// branch (factored_rows.h).
+enum class ScaleType { F32, F16, Bf16 };
+
+// A value stored as f32, f16 or bf16, as f32 (each converts exactly).
+template <ScaleType T>
+KERNEL __attribute__((always_inline)) inline float scale_at(const void* p, size_t i) {
+  if constexpr (T == ScaleType::F32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (T == ScaleType::F16) {
+    return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
+  } else {
+    uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+}
+
+// The same, the type known only at run time.
 KERNEL float load_f32(const void* p, size_t i, Dtype t) {
   if (t == float32) {
-    return static_cast<const float*>(p)[i];
+    return scale_at<ScaleType::F32>(p, i);
   }
-  uint16_t h = static_cast<const uint16_t*>(p)[i];
-  if (t == float16) {
-    return _cvtsh_ss(h);
-  }
-  uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return t == float16 ? scale_at<ScaleType::F16>(p, i) : scale_at<ScaleType::Bf16>(p, i);
 }
 
 struct Operands {
@@ -456,7 +469,7 @@ KERNEL void store_half(const std::vector<float>& v, array& out) {
   }
 }
 
-// The opt-in factored form, a row at a time (it uses Operands and KERNEL_FMA above).
+// The opt-in factored form, a row at a time (it uses Operands, scale_at and KERNEL_FMA above).
 #include "factored_rows.h"
 #else
 bool has_avx2() {

@@ -15,7 +15,7 @@
 // Rows of x run inside the loop over matrix rows (a matrix row is read from memory once), and
 // each output is computed the same way whatever the number of x rows.
 //
-// Included by affine_rows.cpp inside its anonymous namespace (Operands, KERNEL_FMA).
+// Included by affine_rows.cpp inside its anonymous namespace (Operands, scale_at, KERNEL_FMA).
 
 // Values of x per iteration of a group's loop: eight bytes' worth, and at least 16 so that two
 // chains of additions are in flight.
@@ -71,24 +71,6 @@ KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t*
     }
   }
   return _mm256_add_ps(a, b);
-}
-
-// The scales' stored type, a template argument so that reading one takes no branch.
-enum class ScaleType { F32, F16, Bf16 };
-
-// A scale or bias as f32 (each stored type converts exactly).
-template <ScaleType T>
-KERNEL_FMA __attribute__((always_inline)) inline float scale_at(const void* p, size_t i) {
-  if constexpr (T == ScaleType::F32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (T == ScaleType::F16) {
-    return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
-  } else {
-    uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
 }
 
 constexpr size_t PREFETCH_ROWS = 4;
