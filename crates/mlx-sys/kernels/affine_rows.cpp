@@ -328,13 +328,17 @@ KERNEL void dequantize16(const Operands& o, int n, int n1, float* dq) {
   const char* next = reinterpret_cast<const char*>(w0 + size_t(16) * words);
   const char* next_end = reinterpret_cast<const char*>(o.w + size_t(std::min(n + 32, n1)) * words);
   alignas(32) __m256i t0[8], t1[8];
-  for (int c = 0; c < words; c += 8) {
+  // The current group's scales and biases, read again only when a word starts another group.
+  __m256 s0, b0, s1, b1;
+  for (int c = 0, loaded = -1; c < words; c += 8) {
     const int chunk = std::min(8, words - c);
     chunk_words(w0 + c, w1 + c, words, chunk, stride, next, next_end, t0, t1);
     for (int i = 0; i < chunk; i++) {
-      const int g = (c + i) / words_per_group;
-      const __m256 s0 = load8(o, o.scales, n, g), b0 = load8(o, o.biases, n, g);
-      const __m256 s1 = load8(o, o.scales, n + 8, g), b1 = load8(o, o.biases, n + 8, g);
+      if (const int g = (c + i) / words_per_group; g != loaded) {
+        s0 = load8(o, o.scales, n, g), b0 = load8(o, o.biases, n, g);
+        s1 = load8(o, o.scales, n + 8, g), b1 = load8(o, o.biases, n + 8, g);
+        loaded = g;
+      }
       __m256i v0 = t0[i], v1 = t1[i];
       float* d = dq + size_t(c + i) * per_word * 16;
       for (int j = 0; j < per_word; j++, d += 16) {
