@@ -329,7 +329,7 @@ KERNEL void dequantize16(const Operands& o, int n, int n1, float* dq) {
   const char* next_end = reinterpret_cast<const char*>(o.w + size_t(std::min(n + 32, n1)) * words);
   alignas(32) __m256i t0[8], t1[8];
   // The current group's scales and biases, read again only when a word starts another group.
-  __m256 s0, b0, s1, b1;
+  __m256 s0 = _mm256_setzero_ps(), b0 = s0, s1 = s0, b1 = s0;
   for (int c = 0, loaded = -1; c < words; c += 8) {
     const int chunk = std::min(8, words - c);
     chunk_words(w0 + c, w1 + c, words, chunk, stride, next, next_end, t0, t1);
