@@ -50,66 +50,107 @@ KERNEL_FMA __attribute__((always_inline)) inline __m256i widen8(const uint8_t* q
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
 }
 
-// Σ x·q over one group of `size` values whose bytes start at q, x (rearranged) at its first value.
-template <int bits>
-KERNEL_FMA __attribute__((always_inline)) inline __m256 group_dot(const uint8_t* q, const float* x, int size) {
+// Σ x·q over one group of `size` values for R matrix rows, row r's bytes at q + r · stride, x
+// (rearranged) at the group's first value. Each row's sum is its own two chains, in the same
+// operations and order whatever R: the rows only share the loads of x.
+template <int bits, int R>
+KERNEL_FMA __attribute__((always_inline)) inline void group_dots(const uint8_t* q, size_t stride, const float* x, int size, __m256* dot) {
   // Bytes of one step (factored_step values).
   constexpr int step_bytes = bits == 8 ? 16 : 8;
-  __m256 a = _mm256_setzero_ps(), b = a;
+  __m256 a[R], b[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    a[r] = b[r] = _mm256_setzero_ps();
+  }
   for (const float* end = x + size; x < end; x += factored_step(bits), q += step_bytes) {
-    if constexpr (bits == 8) {
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(x), part<8, 0>(widen8(q)), a);
-      b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), part<8, 0>(widen8(q + 8)), b);
-    } else {
-      const __m256i v = widen8(q);
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(x), part<bits, 0>(v), a);
-      b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), part<bits, 1>(v), b);
-      if constexpr (bits == 2) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), part<2, 2>(v), a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), part<2, 3>(v), b);
+    const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      const uint8_t* qr = q + r * stride;
+      if constexpr (bits == 8) {
+        a[r] = _mm256_fmadd_ps(x0, part<8, 0>(widen8(qr)), a[r]);
+        b[r] = _mm256_fmadd_ps(x1, part<8, 0>(widen8(qr + 8)), b[r]);
+      } else {
+        const __m256i v = widen8(qr);
+        a[r] = _mm256_fmadd_ps(x0, part<bits, 0>(v), a[r]);
+        b[r] = _mm256_fmadd_ps(x1, part<bits, 1>(v), b[r]);
+        if constexpr (bits == 2) {
+          a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), part<2, 2>(v), a[r]);
+          b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), part<2, 3>(v), b[r]);
+        }
       }
     }
   }
-  return _mm256_add_ps(a, b);
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    dot[r] = _mm256_add_ps(a[r], b[r]);
+  }
 }
 
 constexpr size_t PREFETCH_ROWS = 4;
 
-// Rows [n0, n1) of the product, x rearranged (`xs`) with its sums per group (`xsums`).
-template <int bits, ScaleType T>
-KERNEL_FMA void factored_range(const Operands& o, const float* xs, const float* xsums, int n0, int n1) {
+// Matrix rows [n, n + R) times every row of x. Each row's sum over groups is one chain of
+// dependent multiply-adds (two per group); R rows at once keep R chains in flight and share each
+// load of x. Every output is computed alike whatever R.
+template <int bits, ScaleType T, int R>
+KERNEL_FMA __attribute__((always_inline)) inline void factored_rows_at(const Operands& o, const float* xs, const float* xsums, int n) {
   constexpr int per_byte = 8 / bits;
   const size_t group_bytes = size_t(o.group_size) / per_byte;
   const int groups = o.K / o.group_size;
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
   const size_t row_bytes = size_t(o.K) / per_byte;
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(o.w);
+  const uint8_t* q = bytes + size_t(n) * row_bytes;
+  const size_t first = size_t(n) * groups;
+  // The rows PREFETCH_ROWS ahead, asked for now: without it a row's loads wait on memory (on an
+  // Intel Xeon, 44 % of this kernel's samples were on one load's first use, and 'all' decoded
+  // slower than MLX's order, which prefetches), rows this short leaving the hardware
+  // prefetcher too little to go on. Four rows ahead measured best of 2, 4, 8 and 16.
   const size_t end = size_t(o.N) * row_bytes;
-  for (int n = n0; n < n1; n++) {
-    const uint8_t* q = bytes + size_t(n) * row_bytes;
-    const size_t first = size_t(n) * groups;
-    // The row PREFETCH_ROWS ahead, asked for now: without it a row's loads wait on memory (on an
-    // Intel Xeon, 44 % of this kernel's samples were on one load's first use, and 'all' decoded
-    // slower than MLX's order, which prefetches), rows this short leaving the hardware
-    // prefetcher too little to go on. Four rows ahead measured best of 2, 4, 8 and 16.
-    const size_t ahead = (size_t(n) + PREFETCH_ROWS) * row_bytes;
-    for (size_t b = ahead; b < ahead + row_bytes && b < end; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(bytes + b), _MM_HINT_T0);
+  const size_t ahead = (size_t(n) + PREFETCH_ROWS) * row_bytes;
+  for (size_t b = ahead; b < ahead + R * row_bytes && b < end; b += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(bytes + b), _MM_HINT_T0);
+  }
+  for (int m = 0; m < o.M; m++) {
+    const float* x = xs + size_t(m) * o.K;
+    const float* xsum = xsums + size_t(m) * groups * 8;
+    // Each lane's part of the group, scale · Σ x·q + bias · Σ x, joins the lane's sum: the two
+    // terms cancel each other within the group (the bias is about -scale · 2^(bits-1)), not
+    // across the whole row.
+    __m256 acc[R], dot[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      acc[r] = _mm256_setzero_ps();
     }
-    for (int m = 0; m < o.M; m++) {
-      const float* x = xs + size_t(m) * o.K;
-      const float* xsum = xsums + size_t(m) * groups * 8;
-      // Each lane's part of the group, scale · Σ x·q + bias · Σ x, joins the lane's sum: the two
-      // terms cancel each other within the group (the bias is about -scale · 2^(bits-1)), not
-      // across the whole row.
-      __m256 acc = _mm256_setzero_ps();
-      for (int g = 0; g < groups; g++) {
-        const __m256 dot = group_dot<bits>(q + g * group_bytes, x + size_t(g) * o.group_size, o.group_size);
-        const __m256 bias = _mm256_set1_ps(scale_at<T>(o.biases, first + g));
-        acc = _mm256_fmadd_ps(bias, _mm256_loadu_ps(xsum + size_t(g) * 8), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale_at<T>(o.scales, first + g)), dot, acc);
+    for (int g = 0; g < groups; g++) {
+      group_dots<bits, R>(q + g * group_bytes, row_bytes, x + size_t(g) * o.group_size, o.group_size, dot);
+      const __m256 sum = _mm256_loadu_ps(xsum + size_t(g) * 8);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        const size_t at = first + size_t(r) * groups + g;
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_at<T>(o.biases, at)), sum, acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale_at<T>(o.scales, at)), dot[r], acc[r]);
       }
-      o.out[size_t(m) * o.N + n] = lanes_sum(acc);
     }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      o.out[size_t(m) * o.N + n + r] = lanes_sum(acc[r]);
+    }
+  }
+}
+
+// Matrix rows at once in factored_range: three kept a 1536 x 576 4-bit product ~5 % faster than
+// one on an Intel Xeon, within AVX2's sixteen registers (three sums and two chains each, x shared).
+constexpr int FACTORED_ROWS = 3;
+
+// Rows [n0, n1) of the product, x rearranged (`xs`) with its sums per group (`xsums`).
+template <int bits, ScaleType T>
+KERNEL_FMA void factored_range(const Operands& o, const float* xs, const float* xsums, int n0, int n1) {
+  int n = n0;
+  for (; n + FACTORED_ROWS <= n1; n += FACTORED_ROWS) {
+    factored_rows_at<bits, T, FACTORED_ROWS>(o, xs, xsums, n);
+  }
+  for (; n < n1; n++) {
+    factored_rows_at<bits, T, 1>(o, xs, xsums, n);
   }
 }
 
