@@ -3,7 +3,7 @@
 //! the queries against them with `quantized_matmul` instead of dequantizing (mlx-lm's
 //! `quantized_scaled_dot_product_attention`). A cache starts plain and is converted once it holds
 //! `start` positions (`KvPolicy::quantize_due`), which is when mlx-lm converts it too.
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::{LayerCache, Mask};
@@ -97,7 +97,10 @@ impl Kv {
             Kv::Quantized(p, _) => p,
         };
         for (dst, src) in parts.iter_mut().zip(new.parts()) {
-            dst.try_index_mut((Ellipsis, range.clone(), ..), src)?;
+            // Positions are the second-to-last axis (of the values and of their scales).
+            let (mut start, mut stop, axis) = (vec![0; dst.ndim()], dst.shape().to_vec(), dst.ndim() - 2);
+            (start[axis], stop[axis]) = (range.start, range.end);
+            *dst = crate::mlx::ops::slice_update(dst, src, &start, &stop)?;
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! Thin helpers over mlx-rs: the exit gate, host-memory conversions, backend facts, idle
-//! memory, kept compiled functions, our own kernels and OpenBLAS's idle spin. No model logic here.
+//! memory, kept compiled functions, our own kernels, OpenBLAS's idle spin, ops in fewer nodes.
+//! No model logic here.
 pub mod backend;
 pub mod blas;
 pub mod compiled;
@@ -7,3 +8,4 @@ pub mod gate;
 pub mod host;
 pub mod kernels;
 pub mod memory;
+pub mod ops;

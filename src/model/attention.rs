@@ -197,7 +197,7 @@ impl Attention {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
-        let split = |t: Array, heads: i32| -> Result<Array> { Ok(t.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])?) };
+        let split = |t: Array, heads: i32| heads_first(&t, b, l, heads);
         let mut q = split(q, self.n_heads)?;
         let mut k = split(k, self.n_kv_heads)?;
         let mut v = split(v, self.n_kv_heads)?;
@@ -217,7 +217,7 @@ impl Attention {
             return Err(Error::Internal("a layer with its own keys was asked for queries alone".into()));
         };
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let q = q.forward(x)?.reshape(&[b, l, self.n_heads, -1])?.transpose_axes(&[0, 2, 1, 3])?;
+        let q = heads_first(&q.forward(x)?, b, l, self.n_heads)?;
         match &self.q_norm {
             Some(n) => n.forward(&q),
             None => Ok(q),
@@ -257,7 +257,8 @@ impl Attention {
     }
 
     fn output(&self, o: &Array, b: i32, l: i32, gate: Option<Array>) -> Result<Array> {
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        // One position: [B, heads, 1, dim] holds its values in [B, 1, heads · dim]'s order.
+        let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
         match gate {
             Some(g) => self.o_proj.forward(&ops::multiply(&o, &ops::sigmoid(&g)?)?),
             None => self.o_proj.forward(&o),
@@ -369,6 +370,13 @@ impl Attention {
 
 /// `o` [1, heads, n, dim] preceded by `pad` zero columns: a padded input position's output,
 /// which nothing reads (zeros keep it finite for the layers after).
+/// `t` [B, L, heads · dim] as [B, heads, L, dim]. One position (decode steps) is one reshape:
+/// with L = 1 the transposition moves nothing, and on MLX's CPU backend each node of a step's graph
+/// costs microseconds whatever its size.
+fn heads_first(t: &Array, b: i32, l: i32, heads: i32) -> Result<Array> {
+    Ok(if l == 1 { t.reshape(&[b, heads, 1, -1])? } else { t.reshape(&[b, l, heads, -1])?.transpose_axes(&[0, 2, 1, 3])? })
+}
+
 fn pad_front(o: Array, pad: i32) -> Result<Array> {
     if pad == 0 {
         return Ok(o);
