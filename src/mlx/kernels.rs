@@ -77,6 +77,45 @@ pub fn f32t_rows_matmul(x: &Array, wt: &Array, bias: Option<&Array>) -> Result<A
     with_bias(mlx_sys::mlx_bun_f32t_rows_matmul, x, wt, bias)
 }
 
+/// RoPE's rotation of x [B, heads, L, head_dim] (f32, bf16 or f16) in its first `dims` features
+/// by `cos` and `sin` (x's dtype, broadcast against [B, heads, L, dims / 2]): one graph node,
+/// equal bit for bit to the rotation of MLX's CPU fallback of `fast::rope` (the same operations in
+/// the same order, each rounded to the dtype), which is five nodes even compiled. Built on this
+/// thread's current stream. Only for `affine_rows_fast()` machines (an error elsewhere).
+pub fn rope_rows(x: &Array, cos: &Array, sin: &Array, dims: i32, traditional: bool) -> Result<Array, Exception> {
+    let stream = Stream::thread_local_or_default();
+    let mut err = [0 as std::os::raw::c_char; 256];
+    // SAFETY: as in `affine_rows_matmul`.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_bun_rope_rows(&mut res, x.as_ptr(), cos.as_ptr(), sin.as_ptr(), dims, traditional as i32, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// RMSNorm of x [..., n] times `weight` [n] (x's dtype: f32, bf16 or f16), with `eps` and `inv_n`
+/// (1/n as f32): one graph node, equal bit for bit to MLX's CPU fallback of `fast::rms_norm` (the
+/// same operations in the same order), which is three nodes even compiled. Built on this thread's
+/// current stream. Only for `affine_rows_fast()` machines (an error elsewhere).
+pub fn rms_rows(x: &Array, weight: &Array, eps: f32, inv_n: f32) -> Result<Array, Exception> {
+    let stream = Stream::thread_local_or_default();
+    let mut err = [0 as std::os::raw::c_char; 256];
+    // SAFETY: as in `affine_rows_matmul`.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_bun_rms_rows(&mut res, x.as_ptr(), weight.as_ptr(), eps, inv_n, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
 type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;
 
 /// Calls one of our kernels' builders of `x`, a matrix and an optional bias.

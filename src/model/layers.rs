@@ -414,9 +414,17 @@ impl RmsNorm {
             return Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?);
         }
         // MLX's CPU fallback is ten nodes; compiled, three (the sum and one fused kernel each
-        // side). Its constants go in as inputs: MLX's compiler prints constants into its kernels'
-        // source with 7 significant digits (1/576 would become another f32).
-        let inputs = [x.clone(), self.weight.clone(), Array::from_f32(self.eps), Array::from_f32((1.0 / n as f64) as f32)];
+        // side); our kernel, one. Its constants go in as inputs: MLX's compiler prints constants
+        // into its kernels' source with 7 significant digits (1/576 would become another f32).
+        let inv_n = (1.0 / n as f64) as f32;
+        if kernels::affine_rows_fast() {
+            return Ok(kernels::rms_rows(x, &self.weight, self.eps, inv_n)?);
+        }
+        self.compiled(x, inv_n)
+    }
+
+    fn compiled(&self, x: &Array, inv_n: f32) -> Result<Array> {
+        let inputs = [x.clone(), self.weight.clone(), Array::from_f32(self.eps), Array::from_f32(inv_n)];
         Ok(compiled::call1(("rms_norm", [0; 4]), false, &inputs, rms_norm_fallback)?)
     }
 }

@@ -8,8 +8,9 @@ fn host(a: Array) -> Vec<f32> {
     a.as_slice::<f32>().to_vec()
 }
 
-/// The kept compiled RMSNorm gives MLX's `fast::rms_norm` bit for bit, in f32, bf16 and f16,
-/// for widths whose 1/n is no short decimal (MLX's compiler would print it rounded).
+/// Our RMSNorm kernel and the kept compiled RMSNorm give MLX's `fast::rms_norm` bit for bit, in
+/// f32, bf16 and f16, for widths whose 1/n is no short decimal (MLX's compiler would print it
+/// rounded).
 #[test]
 fn compiled_rms_norm_equals_mlx_bit_for_bit() {
     assert!(backend::is_cpu(), "the compiled RMSNorm is the CPU backend's");
@@ -21,9 +22,14 @@ fn compiled_rms_norm_equals_mlx_bit_for_bit() {
             let norm = RmsNorm::from_weight(w.clone(), eps);
             assert!(compiled::compiles(&x));
             let mlx = fast::rms_norm(&x, Some(&w), eps).unwrap();
-            let (ours, mlx) = (host(norm.forward(&x).unwrap()), host(mlx));
-            let differ = ours.iter().zip(&mlx).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differ, 0, "{dtype:?} {shape:?}: {differ} of {} values differ", mlx.len());
+            let mlx = host(mlx);
+            // Our kernel where it runs, and MLX's compiler (elsewhere).
+            let compiled = norm.compiled(&x, (1.0 / n as f64) as f32).unwrap();
+            for (ours, how) in [(norm.forward(&x).unwrap(), "forward"), (compiled, "compiled")] {
+                let ours = host(ours);
+                let differ = ours.iter().zip(&mlx).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{dtype:?} {shape:?} {how}: {differ} of {} values differ", mlx.len());
+            }
         }
     }
 }

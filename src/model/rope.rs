@@ -9,7 +9,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 use super::config::{ModelConfig, RopeScaling};
 use super::layers::scalar;
 use crate::error::{Error, Result};
-use crate::mlx::{backend, compiled};
+use crate::mlx::{backend, compiled, kernels};
 
 /// Rotary position embedding: default, linear-scaled, Llama 3 or Phi-3 "su/longrope" frequencies,
 /// over the first `dims` features of each head.
@@ -150,9 +150,18 @@ impl Rope {
         self.rotated(x, cos, sin)
     }
 
-    /// x rotated by the angles whose cosines and sines are given, through a kept compiled
-    /// function (its elementwise nodes fused; every value an input).
+    /// x rotated by the angles whose cosines and sines are given: by our kernel in one node where
+    /// it runs, else through a kept compiled function (its elementwise nodes fused; every value an
+    /// input). Both give the fallback's numbers.
     fn rotated(&self, x: &Array, cos: Array, sin: Array) -> Result<Array> {
+        let (dims, traditional) = (self.dims, self.traditional);
+        if kernels::affine_rows_fast() {
+            return Ok(kernels::rope_rows(x, &cos, &sin, dims, traditional)?);
+        }
+        self.rotated_compiled(x, cos, sin)
+    }
+
+    fn rotated_compiled(&self, x: &Array, cos: Array, sin: Array) -> Result<Array> {
         let (dims, traditional) = (self.dims, self.traditional);
         let f = move |a: &[Array]| rotation(&a[0], &a[1], &a[2], dims, traditional);
         Ok(compiled::call1(("rope_rotation", [dims as u32, traditional as u32, 0, 0]), false, &[x.clone(), cos, sin], f)?)
@@ -289,8 +298,8 @@ mod tests {
     }
 
     /// The kept compiled RoPE gives MLX's `fast::rope` bit for bit: plain, traditional, partial
-    /// (fewer rotated features than the head has), with given frequencies and a scale, in f32
-    /// and bf16, at one offset (with the step's angles computed, then kept) and at each row's
+    /// (fewer rotated features than the head has), with given frequencies and a scale, in f32,
+    /// bf16 and f16, at one offset (with the step's angles computed, then kept) and at each row's
     /// own, for batches of decode steps.
     #[test]
     fn compiled_rope_equals_mlx_bit_for_bit() {
@@ -304,7 +313,7 @@ mod tests {
             Rope { freqs: Some(freqs), base: None, ..Rope::plain(64, 0.0, false) },
         ];
         for (i, rope) in ropes.iter().enumerate() {
-            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
                 for b in [1, 3, 16] {
                     let x = random::normal::<f32>(&[b, 4, 1, 64], None, None, None).unwrap().as_dtype(dtype).unwrap();
                     assert!(rope.compiles(&x));
@@ -320,6 +329,12 @@ mod tests {
                     let offsets = Array::from_slice(&(0..b).map(|i| i * 4099 + 3).collect::<Vec<_>>(), &[b]);
                     let mlx = fast::rope_dynamic(&x, rope.dims, rope.traditional, rope.base, rope.scale, &offsets, rope.freqs.as_ref()).unwrap();
                     assert_eq!(differ(&rope.compiled(&x, &offsets).unwrap(), &mlx), 0, "rope {i} {dtype:?} rows");
+                    // Both ways of rotating (our kernel where it runs, MLX's compiler elsewhere).
+                    let [cos, sin] = angles(&offsets, &rope.inv_freqs().unwrap().0, &Array::from_f32(rope.scale), 1, dtype).unwrap();
+                    assert_eq!(differ(&rope.rotated_compiled(&x, cos.clone(), sin.clone()).unwrap(), &mlx), 0, "rope {i} {dtype:?} rows, compiled");
+                    if kernels::affine_rows_fast() {
+                        assert_eq!(differ(&kernels::rope_rows(&x, &cos, &sin, rope.dims, rope.traditional).unwrap(), &mlx), 0, "rope {i} {dtype:?} rows, kernel");
+                    }
                 }
             }
         }

@@ -635,3 +635,9 @@ extern "C" int mlx_bun_affine_rows_matmul(
 
 // f32 products of a few rows with a matrix held transposed, under `f32Matmuls: 'all'`.
 #include "f32t_rows.h"
+
+// RoPE's rotation and RMSNorm in one node each, in the operations of MLX's fallbacks (they use
+// the rounding types, to_f32 and x_in_f32).
+#include "row_ops.h"
+#include "rope_rows.h"
+#include "rms_rows.h"

@@ -51,4 +51,31 @@ extern "C" {
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
     ) -> ::std::os::raw::c_int;
+    /// x [B, heads, L, head_dim] (f32, bf16 or f16) with its first `dims` features rotated by
+    /// `cos` and `sin` (x's dtype, broadcast against [B, heads, L, dims / 2]) as MLX's CPU fallback
+    /// of `fast::rope` rotates them, bit for bit; 0, or 1 with a message in `err`.
+    pub fn mlx_bun_rope_rows(
+        res: *mut mlx_array,
+        x: mlx_array,
+        cos: mlx_array,
+        sin: mlx_array,
+        dims: ::std::os::raw::c_int,
+        traditional: ::std::os::raw::c_int,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
+    /// RMSNorm of x [..., n] times `weight` [n] (x's dtype: f32, bf16 or f16), with `eps` and
+    /// `inv_n` (1/n as f32), as MLX's CPU fallback of `fast::rms_norm` computes it, bit for bit;
+    /// 0, or 1 with a message in `err`.
+    pub fn mlx_bun_rms_rows(
+        res: *mut mlx_array,
+        x: mlx_array,
+        weight: mlx_array,
+        eps: f32,
+        inv_n: f32,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
 }
