@@ -8,6 +8,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::{LayerCache, Mask};
 use crate::error::{Error, Result};
+use crate::mlx::kernels;
 
 /// How one layer's cache is quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,7 +122,14 @@ impl Kv {
 /// softmax between) for quantized ones.
 pub fn attention(q: &Array, keys: &Kv, values: &Kv, scale: f32, mask: &Mask) -> Result<Array> {
     let (k, v, scheme) = match (keys, values) {
-        (Kv::Plain(k), Kv::Plain(v)) => return Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask.sdpa(), None)?),
+        (Kv::Plain(k), Kv::Plain(v)) => {
+            // One query position sees every key whether the mask is causal or none (MLX's causal
+            // fallback selects every score), so our one-node kernel gives the same numbers.
+            if matches!(mask, Mask::None | Mask::Causal) && kernels::sdpa_rows_fits(q, k, v) {
+                return Ok(kernels::sdpa_rows(q, k, v, scale)?);
+            }
+            return Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask.sdpa(), None)?);
+        }
         (Kv::Quantized(k, scheme), Kv::Quantized(v, _)) => (k, v, *scheme),
         _ => return Err(Error::Internal("keys and values stored differently".into())),
     };
@@ -289,6 +297,43 @@ mod tests {
 
     fn max_diff(a: &Array, b: &Array) -> f32 {
         ops::abs(&ops::subtract(a, b).unwrap()).unwrap().max(None).unwrap().item_exact::<f32>()
+    }
+
+    /// Our one-node attention of a decode step gives MLX's `fast::scaled_dot_product_attention`
+    /// bit for bit: grouped heads or not, one to several hundred keys, keys and values as a
+    /// cache holds them (a slice of room allocated ahead), packed, or transposed in memory (each
+    /// of MLX's layouts for BLAS), no mask or a causal one, two sequences.
+    #[test]
+    fn one_position_attention_kernel_equals_mlx_bit_for_bit() {
+        if !kernels::affine_rows_fast() {
+            return; // the kernel runs on x86_64 CPUs with AVX2 (layers_tests checks which)
+        }
+        let bits = |a: &Array| {
+            a.eval().unwrap();
+            a.as_slice::<f32>().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        for (b, heads, kv_heads) in [(1, 9, 3), (2, 4, 4), (1, 8, 1)] {
+            for t in [1, 7, 64, 300] {
+                let q = random(&[b, heads, 1, 64], 1);
+                let room = random(&[b, kv_heads, 512, 64], 2);
+                let in_room = room.index((.., .., ..t, ..));
+                let packed = random(&[b, kv_heads, t, 64], 3);
+                let transposed = random(&[b, kv_heads, 64, t], 4).transpose_axes(&[0, 1, 3, 2]).unwrap();
+                let strided = room.index((.., .., ..t, ..32));
+                for (k, v) in [(&in_room, &packed), (&packed, &in_room), (&transposed, &transposed), (&in_room, &strided), (&strided, &in_room)] {
+                    if k.shape()[3] != 64 {
+                        continue; // queries and keys share their width
+                    }
+                    assert!(kernels::sdpa_rows_fits(&q, k, v));
+                    let ours = bits(&kernels::sdpa_rows(&q, k, v, 0.125).unwrap());
+                    for mask in [Mask::None, Mask::Causal] {
+                        let mlx = bits(&fast::scaled_dot_product_attention(&q, k, v, 0.125, mask.sdpa(), None).unwrap());
+                        let differ = ours.iter().zip(&mlx).filter(|(a, b)| a != b).count();
+                        assert_eq!(differ, 0, "[{b}, {heads}/{kv_heads}] over {t} keys {:?}, values {:?}", k.strides(), v.strides());
+                    }
+                }
+            }
+        }
     }
 
     /// Quantized attention is attention over the dequantized keys and values (up to float

@@ -116,6 +116,32 @@ pub fn rms_rows(x: &Array, weight: &Array, eps: f32, inv_n: f32) -> Result<Array
     }
 }
 
+/// Whether `sdpa_rows` takes this attention: our kernels run here, one query position (a decode
+/// step), q, k and v in f32 of four axes.
+pub fn sdpa_rows_fits(q: &Array, k: &Array, v: &Array) -> bool {
+    [q, k, v].iter().all(|a| a.ndim() == 4 && a.dtype() == Dtype::Float32) && q.shape()[2] == 1 && affine_rows_fast()
+}
+
+/// Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv] (f32, no
+/// mask) scaled by `scale`: one graph node, equal bit for bit to MLX's CPU fallback of
+/// `fast::scaled_dot_product_attention` (the same BLAS calls with the same arguments, MLX's softmax
+/// arithmetic), which is eleven nodes. Built on this thread's current stream. Only where
+/// `sdpa_rows_fits` (an error elsewhere).
+pub fn sdpa_rows(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array, Exception> {
+    let stream = Stream::thread_local_or_default();
+    let mut err = [0 as std::os::raw::c_char; 256];
+    // SAFETY: as in `affine_rows_matmul`.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_bun_sdpa_rows(&mut res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, stream.as_ptr(), err.as_mut_ptr(), err.len());
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
 type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;
 
 /// Calls one of our kernels' builders of `x`, a matrix and an optional bias.

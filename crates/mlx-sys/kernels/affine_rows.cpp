@@ -641,3 +641,6 @@ extern "C" int mlx_bun_affine_rows_matmul(
 #include "row_ops.h"
 #include "rope_rows.h"
 #include "rms_rows.h"
+
+// Attention of one query position in one node (MLX's fallback's BLAS calls and softmax).
+#include "sdpa_rows.h"

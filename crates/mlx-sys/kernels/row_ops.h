@@ -34,8 +34,8 @@ void by_dtype(Dtype t, F&& f) {
   }
 }
 
-// A node whose output (x's dtype and shape) `compute` fills from the inputs and up to three
-// numbers (`params`, which also tell two such nodes apart).
+// A node whose output (its dtype and shape set by the builder) `compute` fills from the inputs and
+// up to three numbers (`params`, which also tell two such nodes apart).
 class RowOp : public UnaryPrimitive {
  public:
   using Params = std::array<float, 3>;
