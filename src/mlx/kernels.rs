@@ -1,4 +1,5 @@
-//! Our own MLX primitives (crates/mlx-sys/kernels/), for products MLX's CPU backend runs slowly.
+//! Our own MLX primitives (crates/mlx-sys/kernels/): products MLX's CPU backend runs slowly, and
+//! decode-step operations its CPU fallbacks spread over many graph nodes.
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype, Stream};
 
@@ -25,19 +26,8 @@ pub fn affine_rows_fast() -> bool {
 /// nearer the exact product (where the CPU has no FMA, and for half-precision products, MLX's
 /// order as without it). Each output is computed alike whatever the number of x rows.
 pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, factored: bool) -> Result<Array, Exception> {
-    let stream = Stream::thread_local_or_default();
-    let mut err = [0 as std::os::raw::c_char; 256];
-    // SAFETY: every handle is a live mlx-rs array or stream; `res` is a fresh handle that we own
-    // from here on (freed on failure, wrapped on success); `err` is a buffer of the length given.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_bun_affine_rows_matmul(&mut res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, factored as i32, stream.as_ptr(), err.as_mut_ptr(), err.len());
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_affine_rows_matmul(res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, factored as i32, stream, err, len) })
 }
 
 /// Whether `half_rows_matmul` takes `x · Wᵀ (+ bias)`: our CPU kernels run here, and x, W and
@@ -83,18 +73,8 @@ pub fn f32t_rows_matmul(x: &Array, wt: &Array, bias: Option<&Array>) -> Result<A
 /// the same order, each rounded to the dtype), which is five nodes even compiled. Built on this
 /// thread's current stream. Only for `affine_rows_fast()` machines (an error elsewhere).
 pub fn rope_rows(x: &Array, cos: &Array, sin: &Array, dims: i32, traditional: bool) -> Result<Array, Exception> {
-    let stream = Stream::thread_local_or_default();
-    let mut err = [0 as std::os::raw::c_char; 256];
-    // SAFETY: as in `affine_rows_matmul`.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_bun_rope_rows(&mut res, x.as_ptr(), cos.as_ptr(), sin.as_ptr(), dims, traditional as i32, stream.as_ptr(), err.as_mut_ptr(), err.len());
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_rope_rows(res, x.as_ptr(), cos.as_ptr(), sin.as_ptr(), dims, traditional as i32, stream, err, len) })
 }
 
 /// RMSNorm of x [..., n] times `weight` [n] (x's dtype: f32, bf16 or f16), with `eps` and `inv_n`
@@ -102,18 +82,8 @@ pub fn rope_rows(x: &Array, cos: &Array, sin: &Array, dims: i32, traditional: bo
 /// same operations in the same order), which is three nodes even compiled. Built on this thread's
 /// current stream. Only for `affine_rows_fast()` machines (an error elsewhere).
 pub fn rms_rows(x: &Array, weight: &Array, eps: f32, inv_n: f32) -> Result<Array, Exception> {
-    let stream = Stream::thread_local_or_default();
-    let mut err = [0 as std::os::raw::c_char; 256];
-    // SAFETY: as in `affine_rows_matmul`.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_bun_rms_rows(&mut res, x.as_ptr(), weight.as_ptr(), eps, inv_n, stream.as_ptr(), err.as_mut_ptr(), err.len());
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_rms_rows(res, x.as_ptr(), weight.as_ptr(), eps, inv_n, stream, err, len) })
 }
 
 /// Whether `sdpa_rows` takes this attention: our kernels run here, one query position (a decode
@@ -128,35 +98,30 @@ pub fn sdpa_rows_fits(q: &Array, k: &Array, v: &Array) -> bool {
 /// arithmetic), which is eleven nodes. Built on this thread's current stream. Only where
 /// `sdpa_rows_fits` (an error elsewhere).
 pub fn sdpa_rows(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array, Exception> {
-    let stream = Stream::thread_local_or_default();
-    let mut err = [0 as std::os::raw::c_char; 256];
-    // SAFETY: as in `affine_rows_matmul`.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlx_bun_sdpa_rows(&mut res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, stream.as_ptr(), err.as_mut_ptr(), err.len());
-        if status != 0 {
-            mlx_sys::mlx_array_free(res);
-            return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
-        }
-        Ok(Array::from_ptr(res))
-    }
+    // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_sdpa_rows(res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, stream, err, len) })
 }
 
 type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;
 
 /// Calls one of our kernels' builders of `x`, a matrix and an optional bias.
-fn with_bias(build: WithBias, x: &Array, w: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
+fn with_bias(builder: WithBias, x: &Array, w: &Array, bias: Option<&Array>) -> Result<Array, Exception> {
+    let bias_handle = bias.map(|b| b.as_ptr());
+    let bias_ptr = bias_handle.as_ref().map_or(std::ptr::null(), |b| b as *const _);
+    // SAFETY: every handle is a live mlx-rs array for the call (`bias_handle` borrows `bias`).
+    build(|res, stream, err, len| unsafe { builder(res, x.as_ptr(), w.as_ptr(), bias_ptr, stream, err, len) })
+}
+
+/// Runs one of our kernels' builders on this thread's current stream: `call` gets a fresh result
+/// handle, the stream and an error buffer, and returns the builder's status. The handle is ours
+/// from then on: wrapped on success, freed (with the builder's message as the error) on failure.
+fn build(call: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int) -> Result<Array, Exception> {
     let stream = Stream::thread_local_or_default();
     let mut err = [0 as std::os::raw::c_char; 256];
-    let bias_handle = bias.map(|b| b.as_ptr());
-    // SAFETY: every handle is a live mlx-rs array or stream (`bias_handle` borrows `bias` for this
-    // call only); `res` is a fresh handle that we own from here on (freed on failure, wrapped on
-    // success); `err` is a buffer of the length given.
+    // SAFETY: `res` is a fresh handle and `err` a buffer of the length given; the stream is live.
     unsafe {
         let mut res = mlx_sys::mlx_array_new();
-        let bias_ptr = bias_handle.as_ref().map_or(std::ptr::null(), |b| b as *const _);
-        let status = build(&mut res, x.as_ptr(), w.as_ptr(), bias_ptr, stream.as_ptr(), err.as_mut_ptr(), err.len());
-        if status != 0 {
+        if call(&mut res, stream.as_ptr(), err.as_mut_ptr(), err.len()) != 0 {
             mlx_sys::mlx_array_free(res);
             return Err(Exception::custom(std::ffi::CStr::from_ptr(err.as_ptr()).to_string_lossy().into_owned()));
         }
