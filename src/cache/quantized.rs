@@ -119,14 +119,15 @@ impl Kv {
 
 /// Attention of `q` [B, heads, L, dim] over cached keys and values: MLX's fused kernel for plain
 /// ones, mlx-lm's quantized attention (scores and output through `quantized_matmul`, a precise
-/// softmax between) for quantized ones.
-pub fn attention(q: &Array, keys: &Kv, values: &Kv, scale: f32, mask: &Mask) -> Result<Array> {
+/// softmax between) for quantized ones. `factored`: a decode step's products in fused
+/// multiply-adds (`kernels::sdpa_rows`, the opt-in `f32Matmuls: 'all'`).
+pub fn attention(q: &Array, keys: &Kv, values: &Kv, scale: f32, mask: &Mask, factored: bool) -> Result<Array> {
     let (k, v, scheme) = match (keys, values) {
         (Kv::Plain(k), Kv::Plain(v)) => {
             // One query position sees every key whether the mask is causal or none (MLX's causal
             // fallback selects every score), so our one-node kernel gives the same numbers.
             if matches!(mask, Mask::None | Mask::Causal) && kernels::sdpa_rows_fits(q, k, v) {
-                return Ok(kernels::sdpa_rows(q, k, v, scale)?);
+                return Ok(kernels::sdpa_rows(q, k, v, scale, factored && kernels::fma_kernels())?);
             }
             return Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask.sdpa(), None)?);
         }
@@ -325,7 +326,7 @@ mod tests {
                         continue; // queries and keys share their width
                     }
                     assert!(kernels::sdpa_rows_fits(&q, k, v));
-                    let ours = bits(&kernels::sdpa_rows(&q, k, v, 0.125).unwrap());
+                    let ours = bits(&kernels::sdpa_rows(&q, k, v, 0.125, false).unwrap());
                     for mask in [Mask::None, Mask::Causal] {
                         let mlx = bits(&fast::scaled_dot_product_attention(&q, k, v, 0.125, mask.sdpa(), None).unwrap());
                         let differ = ours.iter().zip(&mlx).filter(|(a, b)| a != b).count();
@@ -334,6 +335,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The opt-in form of that attention (`f32Matmuls: 'all'`: products in fused multiply-adds)
+    /// stays within f32 rounding of MLX's numbers, is not MLX's numbers everywhere, and gives a
+    /// sequence what it gives it alone, over a cache's slice of room or packed keys and values.
+    #[test]
+    fn factored_one_position_attention_is_within_rounding_of_mlx() {
+        if !kernels::fma_kernels() {
+            return; // the factored form needs FMA (the kernel's own test checks which CPUs run it)
+        }
+        let host = |a: &Array| {
+            a.eval().unwrap();
+            a.as_slice::<f32>().to_vec()
+        };
+        let mut differ = 0;
+        for (heads, kv_heads, t) in [(9, 3, 1), (9, 3, 37), (4, 4, 300), (8, 1, 64)] {
+            let q = random(&[2, heads, 1, 64], 5);
+            let room = random(&[2, kv_heads, 512, 64], 6);
+            let k = room.index((.., .., ..t, ..));
+            let v = random(&[2, kv_heads, t, 64], 7);
+            let ours = host(&kernels::sdpa_rows(&q, &k, &v, 0.125, true).unwrap());
+            let mlx = host(&fast::scaled_dot_product_attention(&q, &k, &v, 0.125, None, None).unwrap());
+            for (a, b) in ours.iter().zip(&mlx) {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "[{heads}/{kv_heads}] over {t} keys: {a} against {b}");
+            }
+            differ += ours.iter().zip(&mlx).filter(|(a, b)| a != b).count();
+            let first = |a: &Array| a.index((0..1, .., .., ..));
+            let alone = host(&kernels::sdpa_rows(&first(&q), &first(&k), &first(&v), 0.125, true).unwrap());
+            assert_eq!(alone, ours[..alone.len()], "[{heads}/{kv_heads}] over {t} keys: a sequence alone");
+        }
+        assert!(differ > 0, "the factored form gave MLX's numbers everywhere");
     }
 
     /// Quantized attention is attention over the dequantized keys and values (up to float
@@ -351,8 +383,8 @@ mod tests {
             Kv::Plain(ops::repeat_axis::<f32>(d, 2, 1).unwrap())
         };
         for mask in [Mask::None, Mask::Causal] {
-            let got = attention(&q, &kq, &vq, 0.125, &mask).unwrap();
-            let want = attention(&q, &deq(&kq), &deq(&vq), 0.125, &mask).unwrap();
+            let got = attention(&q, &kq, &vq, 0.125, &mask, false).unwrap();
+            let want = attention(&q, &deq(&kq), &deq(&vq), 0.125, &mask, false).unwrap();
             assert_eq!(got.shape(), &[1, 4, 3, 64]);
             assert!(max_diff(&got, &want) < 1e-4, "{}", max_diff(&got, &want));
         }

@@ -97,9 +97,13 @@ pub fn sdpa_rows_fits(q: &Array, k: &Array, v: &Array) -> bool {
 /// `fast::scaled_dot_product_attention` (the same BLAS calls with the same arguments, MLX's softmax
 /// arithmetic), which is eleven nodes. Built on this thread's current stream. Only where
 /// `sdpa_rows_fits` (an error elsewhere).
-pub fn sdpa_rows(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array, Exception> {
+///
+/// `factored` (the opt-in `f32Matmuls: 'all'`, where `fma_kernels`): the two products as chains of
+/// fused multiply-adds instead of BLAS calls (OpenBLAS packs its operands at every call, two per
+/// head): not BLAS's roundings, the same for a head whatever the others.
+pub fn sdpa_rows(q: &Array, k: &Array, v: &Array, scale: f32, factored: bool) -> Result<Array, Exception> {
     // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
-    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_sdpa_rows(res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, stream, err, len) })
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_sdpa_rows(res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, factored as i32, stream, err, len) })
 }
 
 type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;

@@ -10,7 +10,7 @@ use super::blocks::softcapped_attention;
 use super::config::ModelConfig;
 use super::layers::{side_by_side, Linear, RmsNorm};
 use super::rope::Rope;
-use super::weights::Weights;
+use super::weights::{F32Matmuls, Weights};
 use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, Kv, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
@@ -119,6 +119,9 @@ pub struct Attention {
     scale: f32,
     rope: Rope,
     softcap: Option<f32>,
+    /// Under the opt-in `f32Matmuls: 'all'`: a decode step's attention products in fused
+    /// multiply-adds (`cache::attention`).
+    factored: bool,
 }
 
 impl Attention {
@@ -156,6 +159,7 @@ impl Attention {
             scale: spec.scale,
             rope: spec.rope,
             softcap: spec.softcap,
+            factored: w.f32_matmuls() == F32Matmuls::All,
         })
     }
 
@@ -245,7 +249,7 @@ impl Attention {
             };
             return self.sdpa(q, k, v, mask.sdpa());
         }
-        crate::cache::attention(q, k, v, self.scale, mask)
+        crate::cache::attention(q, k, v, self.scale, mask, self.factored)
     }
 
     /// MLX's fused attention, or the explicit soft-capped one when scores are capped.

@@ -10,7 +10,8 @@
 // query head h (of group g = h / repeats): q' = scale · q, then MLX's products as its CPU matmul
 // makes them, one `cblas_sgemm` per head: scores = q' · Kgᵀ, softmax, out = probabilities · Vg;
 // operands laid out as MLX lays them out (its transposition check, or a packed copy where
-// neither layout fits).
+// neither layout fits). Under the opt-in `f32Matmuls: 'all'` the products are our own chains of
+// fused multiply-adds instead (sdpa_head_factored).
 
 #include "mlx/backend/cpu/simd/simd.h"
 
@@ -70,10 +71,64 @@ void mlx_softmax_row(float* x, int n) {
   }
 }
 
-// Inputs q [B, heads, 1, D], k [B, kv_heads, T, D], v [B, kv_heads, T, Dv]; params scale.
+// A packed copy of a matrix whose rows are not contiguous with each value next to the last, or
+// the matrix itself.
+const float* packed_rows(const float* p, int rows, int cols, int64_t s_row, int64_t s_col, std::vector<float>& copy) {
+  if (s_col == 1 && s_row == cols) {
+    return p;
+  }
+  copy.resize(size_t(rows) * cols);
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < cols; c++) {
+      copy[size_t(r) * cols + c] = p[r * s_row + c * s_col];
+    }
+  }
+  return copy.data();
+}
+
+// The opt-in form (`f32Matmuls: 'all'`): the two products as chains of fused multiply-adds, not
+// BLAS calls (OpenBLAS packs both operands at each of its calls, two per head: ~6 % of a SmolLM2
+// decode step's samples), the softmax as MLX computes it. Each score one chain over the head's
+// features in eight lanes, then their sum; each output eight features at a time, one chain over
+// positions ascending. Not BLAS's roundings; the same for a head whatever the others.
+KERNEL_FMA void sdpa_head_factored(const float* q, const float* k, const float* v, int D, int T, int Dv, float* scores, float* out) {
+  for (int t = 0; t < T; t++) {
+    const float* kt = k + size_t(t) * D;
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kt + d), acc);
+    }
+    float s = lanes_sum(acc);
+    for (; d < D; d++) {
+      s = std::fma(q[d], kt[d], s);
+    }
+    scores[t] = s;
+  }
+  mlx_softmax_row(scores, T);
+  int d = 0;
+  for (; d + 8 <= Dv; d += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[t]), _mm256_loadu_ps(v + size_t(t) * Dv + d), acc);
+    }
+    _mm256_storeu_ps(out + d, acc);
+  }
+  for (; d < Dv; d++) {
+    float acc = 0.0f;
+    for (int t = 0; t < T; t++) {
+      acc = std::fma(scores[t], v[size_t(t) * Dv + d], acc);
+    }
+    out[d] = acc;
+  }
+}
+
+// Inputs q [B, heads, 1, D], k [B, kv_heads, T, D], v [B, kv_heads, T, Dv]; params scale, and
+// whether in the opt-in form.
 void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, array& out) {
   const array &q = in[0], &k = in[1], &v = in[2];
   const float scale = p[0];
+  const bool factored = p[1] != 0;
   const int B = q.shape(0), H = q.shape(1), D = q.shape(3), KH = k.shape(1), T = k.shape(2), Dv = v.shape(3);
   const int repeats = H / KH;
   const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
@@ -81,6 +136,19 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
   float* o = out.data<float>();
   for (int b = 0; b < B; b++) {
     for (int g = 0; g < KH; g++) {
+      if (factored) {
+        const float* kg = packed_rows(k.data<float>() + b * ks[0] + g * ks[1], T, D, ks[2], ks[3], kcopy);
+        const float* vg = packed_rows(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], vcopy);
+        for (int r = 0; r < repeats; r++) {
+          const int h = g * repeats + r;
+          const float* qh = q.data<float>() + b * qs[0] + h * qs[1];
+          for (int i = 0; i < D; i++) {
+            qrow[i] = scale * qh[i * qs[3]];
+          }
+          sdpa_head_factored(qrow.data(), kg, vg, D, T, Dv, scores.data(), o + (size_t(b) * H + h) * Dv);
+        }
+        continue;
+      }
       // Kgᵀ [D, T] and Vg [T, Dv] of this group, shared by its query heads.
       const Operand kt = blas_operand(k.data<float>() + b * ks[0] + g * ks[1], D, T, ks[3], ks[2], kcopy);
       const Operand vg = blas_operand(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], vcopy);
@@ -105,13 +173,15 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
 
 // Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv], all f32,
 // heads a multiple of kv_heads, no mask, scaled by `scale`; the result [B, heads, 1, Dv] in f32.
-// Returns 0, or 1 with the reason in `err`.
+// `factored`: the products in fused multiply-adds (the opt-in form; CPUs with FMA). Returns 0, or
+// 1 with the reason in `err`.
 extern "C" int mlx_bun_sdpa_rows(
     mlx_array* res,
     const mlx_array q_in,
     const mlx_array k_in,
     const mlx_array v_in,
     float scale,
+    int factored,
     const mlx_stream s,
     char* err,
     size_t err_len) {
@@ -130,7 +200,10 @@ extern "C" int mlx_bun_sdpa_rows(
         q.shape(3) != k.shape(3) || v.shape(2) != k.shape(2) || k.shape(2) < 1) {
       throw std::invalid_argument("[sdpa_rows] expects q [B, heads, 1, D], k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv]");
     }
-    const RowOp::Params params{scale, 0.0f, 0.0f};
+    if (factored && !has_fma()) {
+      throw std::invalid_argument("[sdpa_rows] the factored form needs FMA");
+    }
+    const RowOp::Params params{scale, float(factored != 0), 0.0f};
     Shape shape{q.shape(0), H, 1, v.shape(3)};
     mlx_array_set_(*res, array(std::move(shape), float32, std::make_shared<RowOp>(mlx_stream_get_(s), "SdpaRows", sdpa_rows_compute, params), {q, k, v}));
 #endif

@@ -80,13 +80,15 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
     /// Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv], all
     /// f32, no mask, as MLX's CPU fallback of `fast::scaled_dot_product_attention` computes it, bit
-    /// for bit; 0, or 1 with a message in `err`.
+    /// for bit, or with `factored` its products in fused multiply-adds (other roundings); 0, or 1
+    /// with a message in `err`.
     pub fn mlx_bun_sdpa_rows(
         res: *mut mlx_array,
         q: mlx_array,
         k: mlx_array,
         v: mlx_array,
         scale: f32,
+        factored: ::std::os::raw::c_int,
         s: mlx_stream,
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
