@@ -51,10 +51,12 @@ fn main() {
 
     // Our own CPU kernels, MLX primitives built against the same headers (kernels/*.cpp say why).
     // No contraction into fused multiply-adds: the kernels promise MLX's rounding, operation by
-    // operation.
+    // operation. No strict aliasing: kernels/sdpa_rows.h calls MLX's `simd::exp` from its headers,
+    // which reads an int vector's bytes as floats through a cast pointer.
     cpp(&mlx_c, &incdir, &shim)
         .file(manifest.join("kernels/affine_rows.cpp"))
         .flag("-ffp-contract=off")
+        .flag_if_supported("-fno-strict-aliasing")
         .compile("mlx_bun_kernels");
 
     // mlx-c declares the f16/bf16 accessors only where the C compiler has __fp16 (ARM); mlx-rs

@@ -86,10 +86,12 @@ pub fn rms_rows(x: &Array, weight: &Array, eps: f32, inv_n: f32) -> Result<Array
     build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_rms_rows(res, x.as_ptr(), weight.as_ptr(), eps, inv_n, stream, err, len) })
 }
 
-/// Whether `sdpa_rows` takes this attention: our kernels run here, one query position (a decode
-/// step), q, k and v in f32 of four axes.
+/// Whether `sdpa_rows` takes this attention: our kernels run here (with the process's
+/// `cblas_sgemm`, the one MLX calls), one query position (a decode step), q, k and v in f32 of
+/// four axes.
 pub fn sdpa_rows_fits(q: &Array, k: &Array, v: &Array) -> bool {
-    [q, k, v].iter().all(|a| a.ndim() == 4 && a.dtype() == Dtype::Float32) && q.shape()[2] == 1 && affine_rows_fast()
+    // SAFETY: a plain query of the CPU's features and of a symbol's binding.
+    [q, k, v].iter().all(|a| a.ndim() == 4 && a.dtype() == Dtype::Float32) && q.shape()[2] == 1 && backend::is_cpu() && unsafe { mlx_sys::mlx_bun_sdpa_rows_fast() }
 }
 
 /// Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv] (f32, no

@@ -13,13 +13,19 @@
 // neither layout fits). Under the opt-in `f32Matmuls: 'all'` the products are our own chains of
 // fused multiply-adds instead (sdpa_head_factored).
 
+// Where the kernel is built: where our kernels run (x86_64, not macOS, whose MLX multiplies
+// through Accelerate).
+#if defined(__x86_64__) && !defined(__APPLE__)
+#define MLX_BUN_SDPA_ROWS 1
 #include "mlx/backend/cpu/simd/simd.h"
 
-// OpenBLAS's (the process's) cblas_sgemm, the one MLX calls; CBLAS's enum values.
+// The process's cblas_sgemm, bound as MLX's own reference to it is (OpenBLAS, linked ahead of the
+// wheel's bundled BLAS, or that one): weak, so that a build linking no BLAS of its own (the
+// `mlx-bun` command with MLX_BUN_BLAS=reference) still links; the kernel is offered only where it
+// is bound (mlx_bun_sdpa_rows_fast). CBLAS's enum values below.
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-                            const float* b, int ldb, float beta, float* c, int ldc);
+                            const float* b, int ldb, float beta, float* c, int ldc) __attribute__((weak));
 
-#if defined(__x86_64__)
 namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
@@ -171,6 +177,15 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
 }  // namespace
 #endif
 
+// Whether mlx_bun_sdpa_rows builds here: our kernels run, and a cblas_sgemm is bound.
+extern "C" bool mlx_bun_sdpa_rows_fast() {
+#if defined(MLX_BUN_SDPA_ROWS)
+  return has_avx2() && cblas_sgemm != nullptr;
+#else
+  return false;
+#endif
+}
+
 // Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv], all f32,
 // heads a multiple of kv_heads, no mask, scaled by `scale`; the result [B, heads, 1, Dv] in f32.
 // `factored`: the products in fused multiply-adds (the opt-in form; CPUs with FMA). Returns 0, or
@@ -186,7 +201,10 @@ extern "C" int mlx_bun_sdpa_rows(
     char* err,
     size_t err_len) {
   return build_row_op("sdpa_rows", err, err_len, [&] {
-#if defined(__x86_64__)
+    if (!mlx_bun_sdpa_rows_fast()) {
+      throw std::invalid_argument("[sdpa_rows] needs our kernels' CPU and a cblas_sgemm");
+    }
+#if defined(MLX_BUN_SDPA_ROWS)
     auto& q = mlx_array_get_(q_in);
     auto& k = mlx_array_get_(k_in);
     auto& v = mlx_array_get_(v_in);

@@ -78,6 +78,9 @@ extern "C" {
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
     ) -> ::std::os::raw::c_int;
+    /// Whether `mlx_bun_sdpa_rows` builds here: our kernels run, and the process has a
+    /// `cblas_sgemm` (the one MLX calls).
+    pub fn mlx_bun_sdpa_rows_fast() -> bool;
     /// Attention of q [B, heads, 1, D] over k [B, kv_heads, T, D] and v [B, kv_heads, T, Dv], all
     /// f32, no mask, as MLX's CPU fallback of `fast::scaled_dot_product_attention` computes it, bit
     /// for bit, or with `factored` its products in fused multiply-adds (other roundings); 0, or 1
