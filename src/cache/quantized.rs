@@ -99,7 +99,8 @@ impl Kv {
         };
         for (dst, src) in parts.iter_mut().zip(new.parts()) {
             // Positions are the second-to-last axis (of the values and of their scales).
-            let (mut start, mut stop, axis) = (vec![0; dst.ndim()], dst.shape().to_vec(), dst.ndim() - 2);
+            let axis = dst.ndim().checked_sub(2).ok_or_else(|| Error::Internal(format!("a cache part of shape {:?} has no positions axis", dst.shape())))?;
+            let (mut start, mut stop) = (vec![0; dst.ndim()], dst.shape().to_vec());
             (start[axis], stop[axis]) = (range.start, range.end);
             *dst = crate::mlx::ops::slice_update(dst, src, &start, &stop)?;
         }
@@ -120,14 +121,15 @@ impl Kv {
 /// Attention of `q` [B, heads, L, dim] over cached keys and values: MLX's fused kernel for plain
 /// ones, mlx-lm's quantized attention (scores and output through `quantized_matmul`, a precise
 /// softmax between) for quantized ones. `factored`: a decode step's products in fused
-/// multiply-adds (`kernels::sdpa_rows`, the opt-in `f32Matmuls: 'all'`).
+/// multiply-adds (`kernels::sdpa_rows`, the opt-in `f32Matmuls: 'all'`; only where
+/// `kernels::fma_kernels`).
 pub fn attention(q: &Array, keys: &Kv, values: &Kv, scale: f32, mask: &Mask, factored: bool) -> Result<Array> {
     let (k, v, scheme) = match (keys, values) {
         (Kv::Plain(k), Kv::Plain(v)) => {
             // One query position sees every key whether the mask is causal or none (MLX's causal
             // fallback selects every score), so our one-node kernel gives the same numbers.
             if matches!(mask, Mask::None | Mask::Causal) && kernels::sdpa_rows_fits(q, k, v) {
-                return Ok(kernels::sdpa_rows(q, k, v, scale, factored && kernels::fma_kernels())?);
+                return Ok(kernels::sdpa_rows(q, k, v, scale, factored)?);
             }
             return Ok(fast::scaled_dot_product_attention(q, k, v, scale, mask.sdpa(), None)?);
         }

@@ -14,6 +14,7 @@ use super::weights::{F32Matmuls, Weights};
 use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, Kv, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
+use crate::mlx::kernels;
 
 /// How the query/key/value projections are stored.
 enum Qkv {
@@ -119,8 +120,8 @@ pub struct Attention {
     scale: f32,
     rope: Rope,
     softcap: Option<f32>,
-    /// Under the opt-in `f32Matmuls: 'all'`: a decode step's attention products in fused
-    /// multiply-adds (`cache::attention`).
+    /// Under the opt-in `f32Matmuls: 'all'`, where the CPU has our FMA kernels: a decode step's
+    /// attention products in fused multiply-adds (`cache::attention`).
     factored: bool,
 }
 
@@ -159,7 +160,7 @@ impl Attention {
             scale: spec.scale,
             rope: spec.rope,
             softcap: spec.softcap,
-            factored: w.f32_matmuls() == F32Matmuls::All,
+            factored: w.f32_matmuls() == F32Matmuls::All && kernels::fma_kernels(),
         })
     }
 

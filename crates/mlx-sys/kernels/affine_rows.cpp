@@ -457,19 +457,24 @@ std::vector<float> x_in_f32(const array& x) {
   return v;
 }
 
+// `v` (already rounded to the output's dtype by the rounding types) written as value i of `out`.
+KERNEL inline void store_value(array& out, size_t i, float v) {
+  if (out.dtype() == float32) {
+    out.data<float>()[i] = v;
+  } else if (out.dtype() == bfloat16) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    out.data<uint16_t>()[i] = uint16_t(u >> 16);
+  } else {
+    out.data<uint16_t>()[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+
 // Half-precision results (f32 values already rounded to T) written as T, NaN as MLX's types
 // write it.
 KERNEL void store_half(const std::vector<float>& v, array& out) {
-  uint16_t* o = out.data<uint16_t>();
   for (size_t i = 0; i < v.size(); i++) {
-    if (out.dtype() == bfloat16) {
-      float r = Bf16::one(v[i]);
-      uint32_t u;
-      std::memcpy(&u, &r, 4);
-      o[i] = uint16_t(u >> 16);
-    } else {
-      o[i] = _cvtss_sh(F16::one(v[i]), _MM_FROUND_TO_NEAREST_INT);
-    }
+    store_value(out, i, out.dtype() == bfloat16 ? Bf16::one(v[i]) : F16::one(v[i]));
   }
 }
 

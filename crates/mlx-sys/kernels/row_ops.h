@@ -1,26 +1,12 @@
-// What rope_rows.h and rms_rows.h share: one MLX node computing its output from its inputs on the
-// stream's thread, each value written in the output's dtype, and their builders' checks. Included
-// at the end of affine_rows.cpp (one translation unit: it uses the rounding types, has_avx2 and
-// copy_message).
+// What rope_rows.h, rms_rows.h and sdpa_rows.h share: one MLX node computing its output from its
+// inputs on the stream's thread, the rounding type of its dtype, and their builders' checks.
+// Included at the end of affine_rows.cpp (one translation unit: it uses the rounding types,
+// has_avx2 and copy_message).
 
 #include <array>
-#include <functional>
 
 #if defined(__x86_64__)
 namespace {
-
-// `v` (already rounded to the output's dtype by the rounding types) written as value i of `out`.
-KERNEL inline void store_value(array& out, size_t i, float v) {
-  if (out.dtype() == float32) {
-    out.data<float>()[i] = v;
-  } else if (out.dtype() == bfloat16) {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    out.data<uint16_t>()[i] = uint16_t(u >> 16);
-  } else {
-    out.data<uint16_t>()[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
-  }
-}
 
 // f.template operator()<R>() for the rounding type R of dtype t (f32, bf16 or f16).
 template <class F>

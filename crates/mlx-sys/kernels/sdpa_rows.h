@@ -30,22 +30,11 @@ namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
-// A batch of matrices [rows, cols] (row r, column c at r · s_row + c · s_col) as MLX's CPU matmul
-// passes one operand to BLAS: as it is when rows or columns are contiguous (transposed in the
-// second case), else copied packed into `copy`. Returns the data, whether transposed, and the
-// leading dimension.
-struct Operand {
-  const float* data;
-  bool transposed;
-  int ld;
-};
-
-Operand blas_operand(const float* p, int rows, int cols, int64_t s_row, int64_t s_col, std::vector<float>& copy) {
-  if (s_row == cols && s_col == 1) {
-    return {p, false, int(s_row)};
-  }
-  if (s_row == 1 && s_col == rows) {
-    return {p, true, int(s_col)};
+// A packed copy of a matrix whose rows are not contiguous with each value next to the last, or
+// the matrix itself.
+const float* packed_rows(const float* p, int rows, int cols, int64_t s_row, int64_t s_col, std::vector<float>& copy) {
+  if (s_col == 1 && s_row == cols) {
+    return p;
   }
   copy.resize(size_t(rows) * cols);
   for (int r = 0; r < rows; r++) {
@@ -53,7 +42,24 @@ Operand blas_operand(const float* p, int rows, int cols, int64_t s_row, int64_t 
       copy[size_t(r) * cols + c] = p[r * s_row + c * s_col];
     }
   }
-  return {copy.data(), false, cols};
+  return copy.data();
+}
+
+// A matrix [rows, cols] (row r, column c at r · s_row + c · s_col) as MLX's CPU matmul passes an
+// operand to BLAS: as it is when its rows are contiguous, transposed when its columns are (checked
+// in that order), else packed (packed_rows). The data, whether transposed, and the leading
+// dimension.
+struct Operand {
+  const float* data;
+  bool transposed;
+  int ld;
+};
+
+Operand blas_operand(const float* p, int rows, int cols, int64_t s_row, int64_t s_col, std::vector<float>& copy) {
+  if (!(s_col == 1 && s_row == cols) && s_row == 1 && s_col == rows) {
+    return {p, true, int(s_col)};
+  }
+  return {packed_rows(p, rows, cols, s_row, s_col, copy), false, cols};
 }
 
 // MLX's CPU softmax of one f32 row in place (softmax<float, float>, one lane on x86_64).
@@ -75,21 +81,6 @@ void mlx_softmax_row(float* x, int n) {
   for (int i = 0; i < n; i++) {
     x[i] = (Simd<float, 1>(x[i]) * norm).value;
   }
-}
-
-// A packed copy of a matrix whose rows are not contiguous with each value next to the last, or
-// the matrix itself.
-const float* packed_rows(const float* p, int rows, int cols, int64_t s_row, int64_t s_col, std::vector<float>& copy) {
-  if (s_col == 1 && s_row == cols) {
-    return p;
-  }
-  copy.resize(size_t(rows) * cols);
-  for (int r = 0; r < rows; r++) {
-    for (int c = 0; c < cols; c++) {
-      copy[size_t(r) * cols + c] = p[r * s_row + c * s_col];
-    }
-  }
-  return copy.data();
 }
 
 // The opt-in form (`f32Matmuls: 'all'`): the two products as chains of fused multiply-adds, not
@@ -142,33 +133,27 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
   float* o = out.data<float>();
   for (int b = 0; b < B; b++) {
     for (int g = 0; g < KH; g++) {
-      if (factored) {
-        const float* kg = packed_rows(k.data<float>() + b * ks[0] + g * ks[1], T, D, ks[2], ks[3], kcopy);
-        const float* vg = packed_rows(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], vcopy);
-        for (int r = 0; r < repeats; r++) {
-          const int h = g * repeats + r;
-          const float* qh = q.data<float>() + b * qs[0] + h * qs[1];
-          for (int i = 0; i < D; i++) {
-            qrow[i] = scale * qh[i * qs[3]];
-          }
-          sdpa_head_factored(qrow.data(), kg, vg, D, T, Dv, scores.data(), o + (size_t(b) * H + h) * Dv);
-        }
-        continue;
-      }
-      // Kgᵀ [D, T] and Vg [T, Dv] of this group, shared by its query heads.
-      const Operand kt = blas_operand(k.data<float>() + b * ks[0] + g * ks[1], D, T, ks[3], ks[2], kcopy);
-      const Operand vg = blas_operand(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], vcopy);
+      // This group's keys and values, shared by its query heads: packed rows [T, D] and [T, Dv]
+      // for the opt-in form, else Kgᵀ [D, T] and Vg [T, Dv] as MLX hands them to BLAS.
+      const float* kp = k.data<float>() + b * ks[0] + g * ks[1];
+      const float* vp = v.data<float>() + b * vs[0] + g * vs[1];
+      const Operand kt = factored ? Operand{packed_rows(kp, T, D, ks[2], ks[3], kcopy), false, D} : blas_operand(kp, D, T, ks[3], ks[2], kcopy);
+      const Operand vg = factored ? Operand{packed_rows(vp, T, Dv, vs[2], vs[3], vcopy), false, Dv} : blas_operand(vp, T, Dv, vs[2], vs[3], vcopy);
       for (int r = 0; r < repeats; r++) {
         const int h = g * repeats + r;
         const float* qh = q.data<float>() + b * qs[0] + h * qs[1];
         for (int i = 0; i < D; i++) {
           qrow[i] = scale * qh[i * qs[3]];
         }
+        float* oh = o + (size_t(b) * H + h) * Dv;
+        if (factored) {
+          sdpa_head_factored(qrow.data(), kt.data, vg.data, D, T, Dv, scores.data(), oh);
+          continue;
+        }
         cblas_sgemm(kRowMajor, kNoTrans, kt.transposed ? kTrans : kNoTrans, 1, T, D, 1.0f, qrow.data(), D, kt.data, kt.ld, 0.0f,
                     scores.data(), T);
         mlx_softmax_row(scores.data(), T);
-        cblas_sgemm(kRowMajor, kNoTrans, vg.transposed ? kTrans : kNoTrans, 1, Dv, T, 1.0f, scores.data(), T, vg.data, vg.ld, 0.0f,
-                    o + (size_t(b) * H + h) * Dv, Dv);
+        cblas_sgemm(kRowMajor, kNoTrans, vg.transposed ? kTrans : kNoTrans, 1, Dv, T, 1.0f, scores.data(), T, vg.data, vg.ld, 0.0f, oh, Dv);
       }
     }
   }
