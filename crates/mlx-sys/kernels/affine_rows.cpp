@@ -484,6 +484,9 @@ KERNEL void store_half(const std::vector<float>& v, array& out) {
 bool has_avx2() {
   return false;
 }
+bool has_fma() {
+  return false;
+}
 #endif
 
 class AffineRowsMatmul : public UnaryPrimitive {
