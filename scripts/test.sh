@@ -11,6 +11,13 @@ rust_tests() {
   MLX_BUN_TEST_GEMMA_GGUF="$FIX/gemma-3-270m-q4_k_m.gguf" \
     cargo test --release -q -- --include-ignored
 }
+# Our C++ kernels compile for arm64 (macOS, Linux), whose paths this machine does not build
+# (scripts/check-arm64.py: a libclang parse for aarch64, a few seconds).
+if [ "$(uname -sm)" = "Linux x86_64" ]; then
+  echo "== kernels parsed for arm64 ($(date -u +%T))"
+  .venv/bin/python -c 'import clang.cindex' 2>/dev/null || .venv/bin/python -m pip install -q --disable-pip-version-check clang==14.0
+  .venv/bin/python scripts/check-arm64.py
+fi
 echo "== cargo test ($(date -u +%T))"
 rust_tests
 # OpenBLAS picks its kernels for the CPU at hand, and a claim checked with one CPU's kernels may

@@ -1,0 +1,62 @@
+"""Our C++ kernels (crates/mlx-sys/kernels/) must compile on arm64, for macOS (the main platform)
+and Linux, though only their x86_64 paths run here: this parses their translation unit for
+aarch64 with libclang (Debian's libclang 14, the one bindgen uses, through the `clang` Python
+bindings of the same version), once as Linux and once with __APPLE__ defined (macOS's branches),
+and fails on any error located in our files. An x86_64-only function used outside its guard went
+unnoticed this way once (`has_fma`).
+
+The host has no arm64 C library or libstdc++ headers, so the x86_64 ones stand in (with an empty
+gnu/stubs-32.h); the errors those cause inside system and MLX headers are not ours and are not
+reported. Usage: .venv/bin/python scripts/check-arm64.py  (scripts/test.sh runs it)
+"""
+import glob
+import os
+import sys
+import tempfile
+
+import clang.cindex as ci
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OURS = os.path.join(ROOT, "crates", "mlx-sys")
+TU = os.path.join(OURS, "kernels", "affine_rows.cpp")
+
+
+def first(pattern):
+    found = sorted(glob.glob(pattern))
+    if not found:
+        sys.exit(f"check-arm64: nothing matches {pattern} (run scripts/setup.sh)")
+    return found[-1]
+
+
+def main():
+    ci.Config.set_library_file(first("/usr/lib/*-linux-gnu/libclang-14.so.1"))
+    cargo = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
+    mlx_c = first(os.path.join(cargo, "registry/src/*/mlx-sys-0.7.0/src/mlx-c"))
+    stubs = tempfile.mkdtemp()
+    os.makedirs(os.path.join(stubs, "gnu"))
+    open(os.path.join(stubs, "gnu", "stubs-32.h"), "w").close()
+    system = [first("/usr/lib/llvm-14/lib/clang/*/include"), stubs, first("/usr/include/c++/*"),
+              first("/usr/include/x86_64-linux-gnu/c++/*"), "/usr/include", "/usr/include/x86_64-linux-gnu"]
+    # As build.rs compiles it (`cpp` there): C++20, mlx-c's and MLX's headers, the format shim.
+    args = ["-x", "c++", "-std=c++20", "-target", "aarch64-linux-gnu", "-nostdinc", "-nostdinc++",
+            "-I", mlx_c, "-I", os.path.join(ROOT, ".mlx/mlx-cpu/mlx/include"),
+            "-include", os.path.join(OURS, "compat", "std_format_shim.h")]
+    args += [a for p in system for a in ("-isystem", p)]
+    failed = False
+    for name, extra in [("Linux arm64", []), ("macOS arm64 (__APPLE__)", ["-D__APPLE__"])]:
+        tu = ci.Index.create().parse(TU, args=args + extra)
+        ours = [d for d in tu.diagnostics if d.severity >= ci.Diagnostic.Error and d.location.file
+                and os.path.abspath(d.location.file.name).startswith(OURS)]
+        # The parse reached our code: the builders' entry points are declared.
+        entry = [c for top in tu.cursor.get_children() for c in [top, *top.get_children()]
+                 if c.kind == ci.CursorKind.FUNCTION_DECL and c.spelling == "mlx_bun_affine_rows_matmul"]
+        for d in ours:
+            print(f"check-arm64: {name}: {d.location.file}:{d.location.line}: {d.spelling}")
+        if not entry:
+            print(f"check-arm64: {name}: the parse did not reach mlx_bun_affine_rows_matmul")
+        failed |= bool(ours) or not entry
+        print(f"check-arm64: {name}: {len(ours)} errors in our kernels")
+    sys.exit(1 if failed else 0)
+
+
+main()
