@@ -21,22 +21,22 @@ OURS = os.path.join(ROOT, "crates", "mlx-sys")
 TU = os.path.join(OURS, "kernels", "affine_rows.cpp")
 
 
-def first(pattern):
+def newest(pattern):
+    """The path matching `pattern` that sorts last (the highest version where several are)."""
     found = sorted(glob.glob(pattern))
     if not found:
         sys.exit(f"check-arm64: nothing matches {pattern} (run scripts/setup.sh)")
     return found[-1]
 
 
-def main():
-    ci.Config.set_library_file(first("/usr/lib/*-linux-gnu/libclang-14.so.1"))
+def main(stubs):
+    ci.Config.set_library_file(newest("/usr/lib/*-linux-gnu/libclang-14.so.1"))
     cargo = os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo"))
-    mlx_c = first(os.path.join(cargo, "registry/src/*/mlx-sys-0.7.0/src/mlx-c"))
-    stubs = tempfile.mkdtemp()
+    mlx_c = newest(os.path.join(cargo, "registry/src/*/mlx-sys-0.7.0/src/mlx-c"))
     os.makedirs(os.path.join(stubs, "gnu"))
     open(os.path.join(stubs, "gnu", "stubs-32.h"), "w").close()
-    system = [first("/usr/lib/llvm-14/lib/clang/*/include"), stubs, first("/usr/include/c++/*"),
-              first("/usr/include/x86_64-linux-gnu/c++/*"), "/usr/include", "/usr/include/x86_64-linux-gnu"]
+    system = [newest("/usr/lib/llvm-14/lib/clang/*/include"), stubs, newest("/usr/include/c++/*"),
+              newest("/usr/include/x86_64-linux-gnu/c++/*"), "/usr/include", "/usr/include/x86_64-linux-gnu"]
     # As build.rs compiles it (`cpp` there): C++20, mlx-c's and MLX's headers, the format shim.
     args = ["-x", "c++", "-std=c++20", "-target", "aarch64-linux-gnu", "-nostdinc", "-nostdinc++",
             "-I", mlx_c, "-I", os.path.join(ROOT, ".mlx/mlx-cpu/mlx/include"),
@@ -56,7 +56,9 @@ def main():
             print(f"check-arm64: {name}: the parse did not reach mlx_bun_affine_rows_matmul")
         failed |= bool(ours) or not entry
         print(f"check-arm64: {name}: {len(ours)} errors in our kernels")
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
-main()
+with tempfile.TemporaryDirectory() as stubs:
+    code = main(stubs)
+sys.exit(code)
