@@ -11,6 +11,7 @@ reported. Usage: .venv/bin/python scripts/check-arm64.py  (scripts/test.sh runs 
 """
 import glob
 import os
+import re
 import sys
 import tempfile
 
@@ -22,8 +23,8 @@ TU = os.path.join(OURS, "kernels", "affine_rows.cpp")
 
 
 def newest(pattern):
-    """The path matching `pattern` that sorts last (the highest version where several are)."""
-    found = sorted(glob.glob(pattern))
+    """The path matching `pattern` with the highest version (numbers compared as numbers: 12 > 9)."""
+    found = sorted(glob.glob(pattern), key=lambda p: [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", p))])
     if not found:
         sys.exit(f"check-arm64: nothing matches {pattern} (run scripts/setup.sh)")
     return found[-1]
@@ -35,8 +36,8 @@ def main(stubs):
     mlx_c = newest(os.path.join(cargo, "registry/src/*/mlx-sys-0.7.0/src/mlx-c"))
     os.makedirs(os.path.join(stubs, "gnu"))
     open(os.path.join(stubs, "gnu", "stubs-32.h"), "w").close()
-    system = [newest("/usr/lib/llvm-14/lib/clang/*/include"), stubs, newest("/usr/include/c++/*"),
-              newest("/usr/include/x86_64-linux-gnu/c++/*"), "/usr/include", "/usr/include/x86_64-linux-gnu"]
+    system = [newest("/usr/lib/llvm-14/lib/clang/*/include"), stubs, newest("/usr/include/c++/[0-9]*"),
+              newest("/usr/include/x86_64-linux-gnu/c++/[0-9]*"), "/usr/include", "/usr/include/x86_64-linux-gnu"]
     # As build.rs compiles it (`cpp` there): C++20, mlx-c's and MLX's headers, the format shim.
     args = ["-x", "c++", "-std=c++20", "-target", "aarch64-linux-gnu", "-nostdinc", "-nostdinc++",
             "-I", mlx_c, "-I", os.path.join(ROOT, ".mlx/mlx-cpu/mlx/include"),
