@@ -44,11 +44,55 @@ reference() { # NAME MODEL MAX_TOKENS LOGITS [EXTRA SPEC FIELDS] [PROMPTS]
 JSON
   run_ref "$1"
 }
+# mlx-lm's runs that keep one core busy go beside the others: MLX multiplies the 4-bit layouts on
+# one thread (the q4 reference alone takes a minute and a half), the tiny models are many small
+# graphs, and the rest multiplies through OpenBLAS on both cores. Both lanes must end whole.
+one_core_refs() {
+  # The two text prompts only: MLX's CPU kernel for this 4-bit layout prefills about a token a
+  # second, so the 37-token chat prompt alone cost a minute here and half a minute in the test.
+  reference q4 smollm2-q4 16 false '' "$TEXTS"
+  reference exact smollm2-exact 16 false
+
+  # Tiny random-weight models of every architecture, with mlx-lm's outputs; made again whenever
+  # scripts/tiny_models.py changes (an architecture added, a config changed), so a kept fixtures
+  # folder never misses one.
+  TINY_SUM=$(sha256sum scripts/tiny_models.py | cut -d' ' -f1)
+  if [ "$(cat "$OUT/tiny/tiny_models.sha256" 2>/dev/null)" != "$TINY_SUM" ]; then
+    LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
+    echo "$TINY_SUM" > "$OUT/tiny/tiny_models.sha256"
+  fi
+
+  # The tiny Qwen3 (head_dim 32, so group 32) with its KV cache quantized from the first step,
+  # over a prompt longer than one 256-position block.
+  tiny_kv() { # BITS (made again with the tiny models)
+    [ "$OUT/ref-tiny-kv$1.json" -nt "$OUT/tiny/tiny_models.sha256" ] && return
+    local long; long=$(.venv/bin/python -c "print([(7 * i + 3) % 250 + 2 for i in range(300)])")
+    cat > "$OUT/spec-tiny-kv$1.json" <<JSON
+{"model": "$OUT/tiny/qwen3", "tokenizer": false, "max_tokens": 64, "logits": false,
+ "kv_bits": $1, "kv_group_size": 32, "quantized_kv_start": 0,
+ "prompts": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $long}]}
+JSON
+    run_ref "tiny-kv$1"
+  }
+  tiny_kv 8
+  tiny_kv 4
+
+  # Embeddings of the tiny Qwen3 (ids, one row longer than a 2048-token prefill chunk).
+  if [ ! "$OUT/ref-tiny-embed.json" -nt "$OUT/tiny/tiny_models.sha256" ]; then
+    LONG=$(.venv/bin/python -c "print([(11 * i + 5) % 250 + 2 for i in range(2100)])")
+    cat > "$OUT/spec-tiny-embed.json" <<JSON
+{"model": "$OUT/tiny/qwen3", "tokenizer": false,
+ "embed": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $LONG}, {"ids": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46]}]}
+JSON
+    run_ref "tiny-embed"
+  fi
+}
+one_core_refs &
+ONE_CORE=$!
+# A failure of this lane ends the script; one of the other lane stops this one too.
+trap 'kill $ONE_CORE 2>/dev/null || true' EXIT
+
 reference f32 smollm2-f32 64 true
-# The two text prompts only: MLX's CPU kernel for this 4-bit layout prefills about a token a
-# second, so the 37-token chat prompt alone cost a minute here and half a minute in the test.
-reference q4 smollm2-q4 16 false '' "$TEXTS"
-reference exact smollm2-exact 16 false
 
 # mlx-lm as the teacher for `mlx-bun eval` on a short text: its perplexity, and a format-1
 # teacher-logits dump (the manifest is written last, so its presence means the dump is whole).
@@ -67,35 +111,12 @@ for BITS in 8 4; do
   mv "$OUT/ref-eval-kv$BITS.json.part" "$OUT/ref-eval-kv$BITS.json"
 done
 
-# Tiny random-weight models of every architecture, with mlx-lm's outputs; made again whenever
-# scripts/tiny_models.py changes (an architecture added, a config changed), so a kept fixtures
-# folder never misses one.
-TINY_SUM=$(sha256sum scripts/tiny_models.py | cut -d' ' -f1)
-if [ "$(cat "$OUT/tiny/tiny_models.sha256" 2>/dev/null)" != "$TINY_SUM" ]; then
-  LD_PRELOAD=$PRELOAD .venv/bin/python scripts/tiny_models.py "$OUT/tiny"
-  echo "$TINY_SUM" > "$OUT/tiny/tiny_models.sha256"
-fi
-
-# Quantized KV caches (generate_step's kv_bits, converted from the first step on): SmolLM2 f32,
-# and the tiny Qwen3 (head_dim 32, so group 32) over a prompt longer than one 256-position block.
+# Quantized KV caches (generate_step's kv_bits, converted from the first step on) on SmolLM2 f32.
 reference f32-kv8 smollm2-f32 32 false '"kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0,'
 reference f32-kv4 smollm2-f32 32 false '"kv_bits": 4, "kv_group_size": 64, "quantized_kv_start": 0,'
-tiny_kv() { # BITS (made again with the tiny models)
-  [ "$OUT/ref-tiny-kv$1.json" -nt "$OUT/tiny/tiny_models.sha256" ] && return
-  local long; long=$(.venv/bin/python -c "print([(7 * i + 3) % 250 + 2 for i in range(300)])")
-  cat > "$OUT/spec-tiny-kv$1.json" <<JSON
-{"model": "$OUT/tiny/qwen3", "tokenizer": false, "max_tokens": 64, "logits": false,
- "kv_bits": $1, "kv_group_size": 32, "quantized_kv_start": 0,
- "prompts": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $long}]}
-JSON
-  run_ref "tiny-kv$1"
-}
-tiny_kv 8
-tiny_kv 4
 
 # Embeddings (mlx-bun's embedOne): mlx-lm's normalised last hidden states, on SmolLM2 f32 (texts,
-# one with an instruction, one empty, one of ~300 tokens) and on the tiny Qwen3 (ids, one row
-# longer than a 2048-token prefill chunk).
+# one with an instruction, one empty, one of ~300 tokens).
 if [ ! -f "$OUT/ref-embed.json" ]; then
   LONG=$(.venv/bin/python -c "print(' '.join(['Rivers carry water, silt and stories from the mountains to the sea, and cities grow where they meet.'] * 14))")
   cat > "$OUT/spec-embed.json" <<JSON
@@ -107,14 +128,6 @@ if [ ! -f "$OUT/ref-embed.json" ]; then
   {"text": "$LONG"}]}
 JSON
   run_ref "embed"
-fi
-if [ ! "$OUT/ref-tiny-embed.json" -nt "$OUT/tiny/tiny_models.sha256" ]; then
-  LONG=$(.venv/bin/python -c "print([(11 * i + 5) % 250 + 2 for i in range(2100)])")
-  cat > "$OUT/spec-tiny-embed.json" <<JSON
-{"model": "$OUT/tiny/qwen3", "tokenizer": false,
- "embed": [{"ids": [179, 59, 202, 82, 53, 204]}, {"ids": $LONG}, {"ids": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46]}]}
-JSON
-  run_ref "tiny-embed"
 fi
 
 # Gemma-3-270M (Q4_K_M GGUF, split over five PyPI packages) and two folders made by our convert.
@@ -145,4 +158,5 @@ gemma_ref gemma-f32 gemma3-f32 32 "$GEMMA_SHORT, {\"text\": \"$LONG Summary:\"}"
   '"tokenize": ["Hello world! The quick brown fox.", "Unicode: café naïve 日本語のテキスト 中文", "  two  spaces\tand tabs\n"],'
 gemma_ref gemma-bf16 gemma3-bf16 16 "$GEMMA_SHORT"
 gemma_ref gemma-q gemma3-q 16 "$GEMMA_SHORT"
+wait $ONE_CORE
 echo "fixtures ready in $OUT"

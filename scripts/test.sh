@@ -3,7 +3,13 @@
 # SmolLM2 weights and mlx-lm 0.32.2 references (scripts/fixtures.sh). Installs what it needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "== setup ($(date -u +%T))"
+# The Python venv of the references (a minute of pip, mostly on one core) installs beside the build.
+bash scripts/setup-venv.sh >/dev/null &
+venv=$!
 bash scripts/setup.sh
+wait $venv
+echo "== fixtures ($(date -u +%T))"
 bash scripts/fixtures.sh
 FIX=${MLX_BUN_FIXTURES:-$PWD/fixtures}
 rust_tests() {
@@ -30,8 +36,9 @@ if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   OPENBLAS_CORETYPE=Haswell rust_tests
 fi
 # The fuzz targets of the loaders (fuzz/: GGUF, safetensors, config, detokenizer, KV-cache file)
-# for 60 s each, two at a time, built without a sanitizer to fit CI's budget (6 minutes of build
-# on 2 cores instead of 10); the hour-long runs with AddressSanitizer are in RELIABILITY.md. The
+# for 60 s each, two at a time, built without a sanitizer and with the library's loaders alone
+# (mlx-bun without its `runtime` feature) to fit CI's budget: 6 minutes of build on 2 cores (AMD
+# Zen 3) instead of 10.5; the hour-long runs with AddressSanitizer are in RELIABILITY.md. The
 # chat-template target is not run here: within minutes it finds renders that minijinja 3.1 does
 # not charge fuel for (lazily repeated lists turned into text), which only an upstream fix ends
 # (RELIABILITY.md, "Fuzzing"); CI would fail at random on them.
