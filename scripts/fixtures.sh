@@ -89,7 +89,8 @@ JSON
 }
 one_core_refs &
 ONE_CORE=$!
-# A failure of this lane ends the script; one of the other lane stops this one too.
+# A failure of this lane fails the script at the `wait` below; if the script ends first (its own
+# failure), the lane is stopped with it.
 trap 'kill $ONE_CORE 2>/dev/null || true' EXIT
 
 reference f32 smollm2-f32 64 true
