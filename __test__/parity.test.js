@@ -120,6 +120,41 @@ describe('parity with mlx-lm', () => {
     }
   })
 
+  test("f32Matmuls 'int8' rounds x to 8 bits in the GGUF's products where our x86_64 kernel runs: the same model within a small KL, and 'all' elsewhere", async () => {
+    // Our kernel's int8 form runs on Linux x86_64 CPUs with AVX2 and FMA (elsewhere 'int8' is 'all').
+    const cpu = process.platform === 'linux' && process.arch === 'x64' ? require('node:fs').readFileSync('/proc/cpuinfo', 'utf8') : ''
+    const kernel = /\bavx2\b/.test(cpu) && /\bfma\b/.test(cpu) && /\bf16c\b/.test(cpu)
+    const logSoftmax = (l) => {
+      const mx = Math.max(...l)
+      const lse = mx + Math.log(l.reduce((s, v) => s + Math.exp(v - mx), 0))
+      return l.map((v) => v - lse)
+    }
+    const kl = (p, q) => {
+      const [a, b] = [logSoftmax(p), logSoftmax(q)]
+      return a.reduce((k, v, i) => k + Math.exp(v) * (v - b[i]), 0)
+    }
+    const ref = readJson('ref-exact.json')
+    const models = [await mlx.loadModel(fixture(GGUF), { f32Matmuls: 'all' }), await mlx.loadModel(fixture(GGUF), { f32Matmuls: 'int8' }), await mlx.loadModel(fixture('smollm2-f32'))]
+    try {
+      for (const [i, r] of ref.results.entries()) {
+        const [all, int8, exact] = await Promise.all(models.map((m) => m.logits(r.prompt_ids)))
+        if (!kernel) {
+          assert.deepEqual(int8, all, `prompt ${i}: 'all' where the int8 form does not run`)
+          continue
+        }
+        // The f32 folder is this GGUF's weights unquantized, so KL against it measures x's
+        // rounding alone: 1.5e-3 to 1.0e-2 at these prompts' last positions ('all' 5e-6 to 5e-5;
+        // `mlx-bun eval kl` over 254 positions: mean 2.8e-3). Wrong values in the kernel give KL
+        // of 1 and more.
+        const [withAll, withInt8] = [kl(exact, all), kl(exact, int8)]
+        assert.ok(withInt8 < 0.05, `prompt ${i}: KL against the f32 model ${withInt8}`)
+        assert.ok(withInt8 > withAll, `prompt ${i}: x rounded to 8 bits (KL ${withInt8}, 'all' ${withAll})`)
+      }
+    } finally {
+      for (const m of models) m.dispose()
+    }
+  })
+
   test('(b) MLX 4-bit g64 folder: greedy tokens on 2 prompts', async () => {
     await checkGreedy('smollm2-q4', 'ref-q4.json')
   })

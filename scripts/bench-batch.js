@@ -2,7 +2,7 @@
 // Continuous batching benchmark (prints figures, asserts nothing):
 //
 //   node scripts/bench-batch.js [--model fixtures/smollm2-bf16] [--prompt-tokens 16] [--gen-tokens 32] [--streams 1,2,4,8]
-//                               [--f32-matmuls auto|all|none]   (the loadModel option; mlx-lm computes as stored)
+//                               [--f32-matmuls auto|all|int8|none]   (the loadModel option; mlx-lm computes as stored)
 //
 // Aggregate throughput = generated tokens / wall time from submitting every request to the last
 // token, for 1, 2, 4 and 8 concurrent streams (EOS does not stop generation), beside the same

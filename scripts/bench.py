@@ -3,7 +3,7 @@
 for a model folder, node-llama-cpp (its prebuilt CPU binary, scripts/peers/) for a GGUF file.
 
     .venv/bin/python scripts/bench.py [--prompt-tokens 128 2048] [--gen-tokens 256] [--repeats 3]
-                                      [--f32-matmuls auto|all|none ...] [--prefill-chunk-size 2048]
+                                      [--f32-matmuls auto|all|int8|none ...] [--prefill-chunk-size 2048]
                                       [--threads N] MODEL[@PROMPT/GEN]...
 
 For each model and prompt length it runs, each in a fresh process: `mlx-bun bench`
@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--f32-matmuls", choices=["auto", "all", "none"], nargs="+", default=["auto"],
+    ap.add_argument("--f32-matmuls", choices=["auto", "all", "int8", "none"], nargs="+", default=["auto"],
                     help="mlx-bun's f32Matmuls load option, one run per value (the peers compute as stored)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="node-llama-cpp's threads (MLX's CPU backend sizes its own pool)")

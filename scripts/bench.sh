@@ -16,8 +16,8 @@
 # with bf16, f16 and f32 scales (mlx_lm convert from the f32 folder), and the lossless repack of the
 # Q4_1 GGUF (4-bit g32, f16 scales, 8-bit embedding); GGUF Q4_0, Q4_1 and Q8_0 (scripts/
 # requant_gguf.py writes Q4_0 and Q8_0 from the Q4_1 file) and Gemma-3-270M's K-quant mix
-# (Q4_K_M); Gemma-3-270M bf16. Quantized layouts also run with `--f32-matmuls all`, the opt-in
-# CPU layout (f32 scales: MLX's fast quantized kernel; README "f32Matmuls").
+# (Q4_K_M); Gemma-3-270M bf16. Quantized layouts also run with `--f32-matmuls all` and `int8`,
+# the opt-in CPU layouts (products in f32; `int8` with x rounded to 8 bits; README "f32Matmuls").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -75,11 +75,11 @@ QUANT=("$L/smollm2-q4-g64-bf16" "$L/q4-g32-bf16" "$L/q8-g64-bf16" "$L/q4-g64-f16
 GGUFS=("$L/smollm2-Q4_0.gguf" "$L/smollm2-Q4_1.gguf" "$L/smollm2-Q8_0.gguf" "$L/gemma3-Q4_K_M.gguf")
 if [ "${1:-}" = "--full" ] || { [ $# -eq 0 ] && [ "$(uname -s)" = Darwin ]; }; then
   bench "${DENSE[@]}"
-  bench --f32-matmuls auto all -- "${QUANT[@]}" "${GGUFS[@]}"
+  bench --f32-matmuls auto all int8 -- "${QUANT[@]}" "${GGUFS[@]}"
   node scripts/bench-batch.js --model "$FIX/smollm2-bf16" --streams 1,8
 elif [ $# -eq 0 ]; then
   bench "$FIX/smollm2-f32@128/32" "$FIX/smollm2-bf16@128/32" "$FIX/smollm2-f16@32/8" "$FIX/gemma3-bf16@32/16"
-  bench --f32-matmuls auto all -- "$L/smollm2-q4-g64-bf16@8/4" "$L/q4-g32-bf16@8/4" "$L/q8-g64-bf16@8/4" \
+  bench --f32-matmuls auto all int8 -- "$L/smollm2-q4-g64-bf16@8/4" "$L/q4-g32-bf16@8/4" "$L/q8-g64-bf16@8/4" \
     "$L/q4-g64-f16@4/4" "$L/q4-g64-f32@16/8" "$L/smollm2-q4-g32-f16-exact@8/4" \
     "$L/smollm2-Q4_0.gguf@128/32" "$L/smollm2-Q4_1.gguf@128/32" "$L/smollm2-Q8_0.gguf@128/32" "$L/gemma3-Q4_K_M.gguf@64/16"
   node scripts/bench-batch.js --model "$FIX/smollm2-f32" --streams 1,8 --prompt-tokens 16 --gen-tokens 16

@@ -20,14 +20,36 @@ pub fn affine_rows_fast() -> bool {
 /// same order. Built on this thread's current stream (so `backend::on_second_stream` works as
 /// with any op). Only for `affine_rows_fast()` machines (an error elsewhere).
 ///
-/// `factored` (the opt-in `f32Matmuls: 'all'`): an f32 product computes each group's part as
-/// scale · Σ x·q + bias · Σ x with fused multiply-adds, a matrix row at a time (its bytes widen
-/// straight into lanes: ~1.8x faster at 8 bits than eight rows in lanes): not MLX's roundings,
-/// nearer the exact product (where the CPU has no FMA, and for half-precision products, MLX's
-/// order as without it). Each output is computed alike whatever the number of x rows.
-pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, factored: bool) -> Result<Array, Exception> {
+/// `form` says how an f32 product computes where the CPU has FMA (elsewhere, and for
+/// half-precision products, always in MLX's order); each output is computed alike whatever the
+/// number of x rows.
+pub fn affine_rows_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, form: AffineForm) -> Result<Array, Exception> {
     // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
-    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_affine_rows_matmul(res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, factored as i32, stream, err, len) })
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_affine_rows_matmul(res, x.as_ptr(), w.as_ptr(), scales.as_ptr(), biases.as_ptr(), group_size, bits, form as i32, stream, err, len) })
+}
+
+/// Whether `affine_rows_matmul` takes `AffineForm::Int8` for rows of `k` values with a matrix of
+/// `bits` in groups of `group_size` here: our kernels with FMA; 4 or 8 bits; groups of 32, 64,
+/// 128 or 256; rows of 256 values or more. Elsewhere that form is the factored one.
+pub fn int8_fits(bits: i32, group_size: i32, k: i32) -> bool {
+    // SAFETY: a plain query of the CPU's features and of three numbers.
+    backend::is_cpu() && unsafe { mlx_sys::mlx_bun_affine_int8_fits(bits, group_size, k) }
+}
+
+/// How `affine_rows_matmul` computes an f32 product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AffineForm {
+    /// MLX's operations in MLX's order: its numbers bit for bit.
+    Mlx = 0,
+    /// The opt-in `f32Matmuls: 'all'`: each group's part as scale · Σ x·q + bias · Σ x with fused
+    /// multiply-adds, a matrix row at a time (its bytes widen straight into lanes: ~1.8x faster at
+    /// 8 bits than eight rows in lanes): not MLX's roundings, nearer the exact product.
+    Factored = 1,
+    /// The opt-in `f32Matmuls: 'int8'`: at 4 and 8 bits, x quantized to 8 bits per 32 values (one
+    /// f32 scale each, llama.cpp's Q8_0) and each group's Σ q·x̂ an integer dot product
+    /// (kernels/q8_rows.h): the product of the stored weights with the rounded x, in f32 within
+    /// its rounding, the same on every x86_64 CPU. 2-bit products take the factored form.
+    Int8 = 2,
 }
 
 /// Whether `half_rows_matmul` takes `x · Wᵀ (+ bias)`: our CPU kernels run here, and x, W and

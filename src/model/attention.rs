@@ -10,7 +10,7 @@ use super::blocks::softcapped_attention;
 use super::config::ModelConfig;
 use super::layers::{side_by_side, Linear, RmsNorm};
 use super::rope::Rope;
-use super::weights::{F32Matmuls, Weights};
+use super::weights::Weights;
 use crate::cache::file::LayerShape;
 use crate::cache::{CacheView, Kv, LayerCache, Mask, StackedAttention, StackedStep, StepShape};
 use crate::error::{Error, Result};
@@ -160,7 +160,7 @@ impl Attention {
             scale: spec.scale,
             rope: spec.rope,
             softcap: spec.softcap,
-            factored: w.f32_matmuls() == F32Matmuls::All && kernels::fma_kernels(),
+            factored: w.f32_matmuls().in_f32() && kernels::fma_kernels(),
         })
     }
 

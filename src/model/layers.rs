@@ -10,7 +10,8 @@ use super::blocks::gelu;
 use super::config::{ModelConfig, QuantParams};
 use super::weights::{F32Matmuls, Weights};
 use crate::error::{Error, Result};
-use crate::mlx::{backend, compiled, kernels};
+use crate::mlx::kernels::{self, AffineForm};
+use crate::mlx::{backend, compiled};
 
 /// A scalar in `like`'s dtype (a Python float in mlx-lm).
 pub fn scalar(v: f32, like: &Array) -> Result<Array> {
@@ -40,7 +41,8 @@ pub struct QuantWeight {
     /// which the outputs are cast back to: one rounding per operation where a half-precision
     /// product has two (our CPU kernel: SmolLM2 4-bit bf16 decode 35 -> 54 tok/s; MLX's own,
     /// elsewhere, 7x (bf16) to 35x (f16) slower in half precision); outputs differ from mlx-lm's
-    /// (closer to the f32 ones). The scales are held in f32 unless `factored`.
+    /// (closer to the f32 ones). The scales are held in f32 unless `form` is our kernel's
+    /// factored or int8 one.
     half: Option<Dtype>,
     /// `f32Matmuls: 'all'` on MLX's CPU backend where its kernel runs (not ours): products of
     /// several rows (prefill, batched decode steps) dequantize the matrix to f32 and go through
@@ -51,14 +53,17 @@ pub struct QuantWeight {
     /// Products go through our kernel (`kernels::affine_rows_matmul`): MLX's numbers, several
     /// times faster where MLX's CPU kernel is scalar (x86_64).
     rows_kernel: bool,
-    /// `f32Matmuls: 'all'` where our kernel's FMA form runs: every product in f32, those of
-    /// fewer than `FACTORED_MAX_ROWS` rows in the factored form, not MLX's roundings (SmolLM2 Q4_0
-    /// GGUF decode 37 -> 50 tok/s). That form converts half-precision scales to f32 exactly as it reads them,
-    /// so they are held as stored, and f32 ones in f16 where every value is an f16 exactly
+    /// `f32Matmuls: 'all'` where our kernel's FMA form runs (`AffineForm::Factored`): every
+    /// product in f32, those of fewer than `FACTORED_MAX_ROWS` rows in the factored form, not
+    /// MLX's roundings (SmolLM2 Q4_0 GGUF decode 37 -> 50 tok/s). `f32Matmuls: 'int8'` there, for
+    /// a matrix the int8 form takes (`kernels::int8_fits`; else as 'all'): every product in that
+    /// form (`AffineForm::Int8`), x rounded to 8 bits (SmolLM2 Q4_1 GGUF on an AMD EPYC, decode
+    /// 49 -> 70 tok/s, a 128-token prefill 110 -> 160). Both forms convert half-precision scales
+    /// to f32 exactly as they read them, so they are held as stored, and f32 ones in f16 where every value is an f16 exactly
     /// (GGUF's Q8_0, Q5_0 and Q4_0 scales are, and their biases -128, -16 and -8 times them): a
     /// decode step reads 17 % fewer bytes of a 4-bit matrix, 10 % of an 8-bit one, with the same
     /// numbers.
-    factored: bool,
+    form: AffineForm,
     /// `[weight, scales, biases]` of each half of the rows where products split (`split_at`).
     halves: Option<[[Array; 3]; 2]>,
 }
@@ -67,9 +72,10 @@ pub struct QuantWeight {
 /// kernel's cost passes the dequantization's (3.1 ms against 1.6 at 4 rows).
 const DEQUANTIZE_MIN_ROWS: i64 = 4;
 
-/// Rows of `x` from which a `factored` product runs in MLX's order instead (f32, the as-stored
+/// Rows of `x` from which a factored product runs in MLX's order instead (f32, the as-stored
 /// numbers): our kernel dequantizes W's rows once for all rows of x there, while the factored
-/// form reads each row of W once per row of x. 32 keeps a decode step of up to 31 rows in the
+/// form reads each row of W once per row of x (the int8 form's products cost a third of the
+/// factored form's, so it stays faster at every size). 32 keeps a decode step of up to 31 rows in the
 /// factored form, each row computed as alone; a 128-token prompt prefills faster in MLX's order
 /// than through dequantization and BLAS (BENCHMARKS.md).
 const FACTORED_MAX_ROWS: i64 = 32;
@@ -84,9 +90,14 @@ impl QuantWeight {
         let groups = cols / params.group_size as usize;
         let mut scales = w.array_shaped(&format!("{path}.scales"), &[rows, groups])?;
         let mut biases = w.array_shaped(&format!("{path}.biases"), &[rows, groups])?;
-        let all = w.f32_matmuls() == F32Matmuls::All;
+        let all = w.f32_matmuls().in_f32();
         let rows_kernel = matches!(params.bits, 2 | 4 | 8) && kernels::affine_rows_fast();
         let factored = all && rows_kernel && kernels::fma_kernels();
+        let form = match w.f32_matmuls() {
+            F32Matmuls::Int8 if factored && i32::try_from(cols).is_ok_and(|k| kernels::int8_fits(params.bits, params.group_size, k)) => AffineForm::Int8,
+            _ if factored => AffineForm::Factored,
+            _ => AffineForm::Mlx,
+        };
         let half = (all && scales.dtype() != Dtype::Float32).then(|| scales.dtype());
         if half.is_some() && !factored {
             scales = scales.as_dtype(Dtype::Float32)?;
@@ -106,7 +117,7 @@ impl QuantWeight {
             }
             _ => None,
         };
-        Ok(QuantWeight { weight, scales, biases, params, half, dequantize_rows, rows_kernel, factored, halves })
+        Ok(QuantWeight { weight, scales, biases, params, half, dequantize_rows, rows_kernel, form, halves })
     }
 
     /// `a` in the dtype the stored scales give outputs (as it is, unless they are held in f32).
@@ -132,12 +143,13 @@ impl QuantWeight {
             return Ok(y.as_dtype(x.dtype())?);
         }
         let (group, bits) = (self.params.group_size, self.params.bits);
-        // Products in f32 under `factored`, whatever the dtype its scales are held in.
-        let x32 = &if self.factored { x.as_dtype(Dtype::Float32)? } else { x.clone() };
-        let factored = self.factored && rows(x) < FACTORED_MAX_ROWS;
+        // Products in f32 under the factored and int8 forms, whatever the dtype its scales are
+        // held in.
+        let x32 = &if self.form != AffineForm::Mlx { x.as_dtype(Dtype::Float32)? } else { x.clone() };
+        let form = if rows(x) < FACTORED_MAX_ROWS || self.form == AffineForm::Int8 { self.form } else { AffineForm::Mlx };
         let product = |[w, s, b]: &[Array; 3]| -> Result<Array> {
             if self.rows_kernel {
-                return Ok(kernels::affine_rows_matmul(x32, w, s, b, group, bits, factored)?);
+                return Ok(kernels::affine_rows_matmul(x32, w, s, b, group, bits, form)?);
             }
             Ok(ops::quantized_matmul(x32, w, s, b, true, group, bits)?)
         };
@@ -208,7 +220,7 @@ impl Dense {
     fn load(w: &Weights, name: &str, rows: usize, cols: usize) -> Result<Self> {
         let weight = w.array_shaped(name, &[rows, cols])?;
         let dtype = weight.dtype();
-        if w.f32_matmuls() != F32Matmuls::All {
+        if !w.f32_matmuls().in_f32() {
             let halves = match split_at(rows, cols) {
                 Some(h) if dtype != Dtype::Float32 && !kernels::affine_rows_fast() => Some(halves(&weight, h)?),
                 _ => None,
@@ -356,10 +368,10 @@ impl Embedding {
         match self {
             Embedding::Dense(weight) => weight.rows(ids),
             Embedding::Quantized(q) => {
-                // Scales held compact (`factored`) in f32 again: the rows as with f32 scales.
+                // Scales held compact (our kernel's forms) in f32 again: the rows as with f32 scales.
                 let compact = |a: &Array| -> Result<Array> {
                     let rows = a.take_axis(ids, 0)?;
-                    Ok(if q.factored { rows.as_dtype(Dtype::Float32)? } else { rows })
+                    Ok(if q.form != AffineForm::Mlx { rows.as_dtype(Dtype::Float32)? } else { rows })
                 };
                 let rows = ops::dequantize(
                     q.weight.take_axis(ids, 0)?,

@@ -59,7 +59,7 @@ fn products_by_halves_equal_one_product() {
         let [s0, s1] = halves(&s, h).unwrap();
         let [b0, b1] = halves(&b, h).unwrap();
         let halves = Some([[w0, s0, b0], [w1, s1, b1]]);
-        let split = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, factored: false, halves };
+        let split = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel, form: AffineForm::Mlx, halves };
         let one = ops::quantized_matmul(&x, &q, &s, &b, true, 64, 4).unwrap();
         assert_eq!(host(split.matmul_t(&x, true).unwrap()), host(one), "our kernel: {rows_kernel}");
     }
@@ -74,9 +74,9 @@ fn quantized_products_with_f32_scales_keep_the_dtype_and_come_closer() {
     let x = random::normal::<f32>(&[4, 576], None, None, None).unwrap().as_dtype(Dtype::Bfloat16).unwrap();
     let (q, s, b) = ops::quantize(&w, 64, 4).unwrap();
     let params = QuantParams { group_size: 64, bits: 4 };
-    let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false, factored: false, halves: None };
+    let stored = QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half: None, dequantize_rows: false, rows_kernel: false, form: AffineForm::Mlx, halves: None };
     let (s32, b32) = (s.as_dtype(f32).unwrap(), b.as_dtype(f32).unwrap());
-    let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false, factored: false, halves: None };
+    let held = QuantWeight { weight: q.clone(), scales: s32.clone(), biases: b32.clone(), params, half: Some(Dtype::Bfloat16), dequantize_rows: false, rows_kernel: false, form: AffineForm::Mlx, halves: None };
     let exact = host(ops::matmul(&x.as_dtype(f32).unwrap(), ops::dequantize(&q, &s32, &b32, 64, 4).unwrap().t()).unwrap());
     let err = |y: Array| host(y).iter().zip(&exact).map(|(a, e)| (a - e).abs()).fold(0.0f32, f32::max);
     let fast = held.matmul_t(&x, true).unwrap();
@@ -95,9 +95,9 @@ fn many_rows_under_f32_matmuls_all() {
     let w = random::normal::<f32>(&[1536, 576], None, None, None).unwrap();
     let (q, s, b) = ops::quantize(&w, 32, 4).unwrap();
     let params = QuantParams { group_size: 32, bits: 4 };
-    let weight = |half, dequantize_rows, rows_kernel, factored| QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half, dequantize_rows, rows_kernel, factored, halves: None };
+    let weight = |half, dequantize_rows, rows_kernel, form| QuantWeight { weight: q.clone(), scales: s.clone(), biases: b.clone(), params, half, dequantize_rows, rows_kernel, form, halves: None };
     let x_of = |n: i32| random::normal::<f32>(&[1, n, 576], None, None, None).unwrap();
-    let (quantized, opt_in) = (weight(None, false, false, false), weight(None, true, false, false));
+    let (quantized, opt_in) = (weight(None, false, false, AffineForm::Mlx), weight(None, true, false, AffineForm::Mlx));
     for n in [1, 3] {
         let x = x_of(n);
         assert_eq!(host(opt_in.matmul_t(&x, true).unwrap()), host(quantized.matmul_t(&x, true).unwrap()), "{n} rows");
@@ -113,19 +113,21 @@ fn many_rows_under_f32_matmuls_all() {
     if !(kernels::affine_rows_fast() && kernels::fma_kernels()) {
         return;
     }
-    let (ours, factored) = (weight(None, false, true, false), weight(None, false, true, true));
-    for n in [1, 31, 32, 128] {
-        let x = x_of(n);
-        let (a, e) = (host(factored.matmul_t(&x, true).unwrap()), host(ours.matmul_t(&x, true).unwrap()));
-        let form = host(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, true).unwrap());
-        if i64::from(n) < FACTORED_MAX_ROWS {
-            assert!(a == form && a != e, "{n} rows: the factored form");
-        } else {
-            assert!(a == e && a != form, "{n} rows: MLX's order");
+    let ours = weight(None, false, true, AffineForm::Mlx);
+    for taken in [AffineForm::Factored, AffineForm::Int8] {
+        for n in [1, 31, 32, 128] {
+            let x = x_of(n);
+            let (a, e) = (host(weight(None, false, true, taken).matmul_t(&x, true).unwrap()), host(ours.matmul_t(&x, true).unwrap()));
+            let form = host(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, taken).unwrap());
+            if i64::from(n) < FACTORED_MAX_ROWS || taken == AffineForm::Int8 {
+                assert!(a == form && a != e, "{n} rows: the {taken:?} form");
+            } else {
+                assert!(a == e && a != form, "{n} rows: MLX's order, not {taken:?}");
+            }
         }
     }
     let (s16, b16) = (s.as_dtype(Dtype::Bfloat16).unwrap(), b.as_dtype(Dtype::Bfloat16).unwrap());
-    let bf16 = QuantWeight { scales: s16, biases: b16, ..weight(Some(Dtype::Bfloat16), false, true, true) };
+    let bf16 = QuantWeight { scales: s16, biases: b16, ..weight(Some(Dtype::Bfloat16), false, true, AffineForm::Factored) };
     for n in [1, 32] {
         assert_eq!(bf16.matmul_t(&x_of(n).as_dtype(Dtype::Bfloat16).unwrap(), true).unwrap().dtype(), Dtype::Bfloat16, "{n} rows");
     }
@@ -149,7 +151,7 @@ fn affine_rows_kernel_equals_mlx_bit_for_bit() {
         // Elsewhere MLX's kernel runs, and ours refuses to build a product.
         let (q, s, b) = ops::quantize(&random::normal::<f32>(&[16, 64], None, None, None).unwrap(), 32, 4).unwrap();
         let x = random::normal::<f32>(&[1, 64], None, None, None).unwrap();
-        assert!(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, false).is_err());
+        assert!(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, 4, AffineForm::Mlx).is_err());
         return;
     }
     let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
@@ -159,7 +161,7 @@ fn affine_rows_kernel_equals_mlx_bit_for_bit() {
         for scale_type in [f32, f16, bf16] {
             let (q, s, b) = ops::quantize(&w.as_dtype(scale_type).unwrap(), group, bits).unwrap();
             let check = |x: Array| {
-                let ours = kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, false).unwrap();
+                let ours = kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Mlx).unwrap();
                 let mlx = ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap();
                 assert_eq!((ours.dtype(), ours.shape()), (mlx.dtype(), mlx.shape()));
                 let what = format!("{bits} bits, groups of {group}, {rows}x{cols}, {scale_type:?} scales, x {:?} {:?}", x.dtype(), x.shape());
@@ -203,11 +205,11 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
         let deq = host(ops::dequantize(&q, &s, &b, group, bits).unwrap());
         for m in [1, 3] {
             let x = random::normal::<f32>(&[m, cols], None, None, None).unwrap();
-            let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, true).unwrap());
+            let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
             let mlx = host(ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap());
             // Each row of x gives the numbers it gives alone (batched decode steps equal single ones).
             for i in 0..m {
-                let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, true).unwrap());
+                let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
                 assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i} of {m}");
             }
             // Scales held in f16 or bf16 (`f32Matmuls: 'all'` keeps them compact): the numbers of
@@ -215,8 +217,8 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
             for dtype in [Dtype::Float16, Dtype::Bfloat16] {
                 let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
                 let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
-                let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, true).unwrap());
-                assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, true).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
+                let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, AffineForm::Factored).unwrap());
+                assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, AffineForm::Factored).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
             }
             let xs = host(x);
             let (cols, rows) = (cols as usize, rows as usize);
@@ -233,6 +235,81 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
     }
     assert!(ours_err <= mlx_err, "factored {ours_err}, MLX's order {mlx_err}");
     assert!(differ > 0, "the factored form gave MLX's numbers everywhere");
+}
+
+/// x rounded as the int8 form rounds it (llama.cpp's Q8_0): per 32 values, d = max|x| / 127 and
+/// each value round-to-even(x · 127 / max|x|), so x̂ = d · q.
+fn q8_rounded(x: &[f32]) -> Vec<f64> {
+    x.chunks(32)
+        .flat_map(|block| {
+            let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let (d, inv) = (amax / 127.0, if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            block.iter().map(move |v| d as f64 * (v * inv).round_ties_even() as f64)
+        })
+        .collect()
+}
+
+/// The int8 form of our kernel (`f32Matmuls: 'int8'`) is the product of the stored weights with
+/// x rounded to 8 bits per 32 values (`q8_rounded`): against that exact (f64) product each output
+/// is within f32 rounding of the sum's size, and against the exact product with x itself within
+/// the rounding's half step per value; a row of x gives the same numbers alone as beside others,
+/// scales held in f16 or bf16 the numbers of their values in f32, and the form is really taken
+/// (its numbers differ from the factored form's). 4 and 8 bits, groups of 32 to 128, rows of an
+/// odd number of 32-value blocks and of a number not a multiple of 8 (the kernel pairs blocks, and
+/// takes 8 at a time), an x row with a block of zeros and one with a value far larger than the
+/// rest.
+#[test]
+fn int8_kernel_is_the_product_with_x_rounded_to_8_bits() {
+    if !(kernels::affine_rows_fast() && kernels::fma_kernels()) {
+        return; // affine_rows_kernel_equals_mlx_bit_for_bit checks which machines run it
+    }
+    let mut differ = 0usize;
+    for (bits, group, rows, cols) in [(4, 32, 37, 576), (8, 32, 50, 288), (4, 32, 7, 352), (4, 128, 16, 256), (8, 64, 300, 640), (4, 64, 9, 1536), (8, 128, 5, 384)] {
+        let w = random::normal::<f32>(&[rows, cols], None, None, None).unwrap();
+        let (q, s, b) = ops::quantize(&w, group, bits).unwrap();
+        let deq = host(ops::dequantize(&q, &s, &b, group, bits).unwrap());
+        let mut xs = host(random::normal::<f32>(&[3, cols], None, None, None).unwrap());
+        xs[..32].fill(0.0);
+        xs[2 * cols as usize + 5] = 300.0;
+        let x = Array::from_slice(&xs, &[3, cols]);
+        let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Int8).unwrap());
+        let factored = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
+        for i in 0..3 {
+            let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, AffineForm::Int8).unwrap());
+            assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i}");
+        }
+        for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+            let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
+            let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
+            let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, AffineForm::Int8).unwrap());
+            assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, AffineForm::Int8).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
+        }
+        let (cols, rows) = (cols as usize, rows as usize);
+        let rounded = q8_rounded(&xs);
+        for (i, j) in (0..3).flat_map(|i| (0..rows).map(move |j| (i, j))) {
+            let wj = &deq[j * cols..][..cols];
+            let (xi, ri) = (&xs[i * cols..][..cols], &rounded[i * cols..][..cols]);
+            let with_rounded: f64 = (0..cols).map(|k| ri[k] * wj[k] as f64).sum();
+            let size: f64 = (0..cols).map(|k| (ri[k] * wj[k] as f64).abs()).sum();
+            let exact: f64 = (0..cols).map(|k| xi[k] as f64 * wj[k] as f64).sum();
+            // Half a step of x's rounding per value, the step its block's max / 127.
+            let step: f64 = xi.chunks(32).zip(wj.chunks(32)).map(|(xb, wb)| xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64 / 127.0 / 2.0 * wb.iter().map(|w| w.abs() as f64).sum::<f64>()).sum();
+            let o = ours[i * rows + j] as f64;
+            let what = format!("{bits} bits g{group} {rows}x{cols}, row {i} col {j}");
+            assert!((o - with_rounded).abs() <= 2e-5 * size, "{what}: {o} against {with_rounded} (size {size})");
+            assert!((o - exact).abs() <= step * 1.0001 + 2e-5 * size, "{what}: {o} against the exact {exact} (steps {step})");
+            differ += (o != factored[i * rows + j] as f64) as usize;
+        }
+    }
+    assert!(differ > 0, "the int8 form gave the factored form's numbers everywhere");
+    // Where the form does not fit (2 bits, rows shorter than 256 values), the factored one runs.
+    for (bits, cols) in [(2, 576), (4, 224), (8, 96)] {
+        assert!(!kernels::int8_fits(bits, 32, cols) && kernels::int8_fits(4, 32, 256), "{bits} bits, rows of {cols}");
+        let (q, s, b) = ops::quantize(&random::normal::<f32>(&[24, cols], None, None, None).unwrap(), 32, bits).unwrap();
+        let x = random::normal::<f32>(&[2, cols], None, None, None).unwrap();
+        let form = |f| host(kernels::affine_rows_matmul(&x, &q, &s, &b, 32, bits, f).unwrap());
+        assert_eq!(form(AffineForm::Int8), form(AffineForm::Factored), "{bits} bits, rows of {cols}");
+    }
 }
 
 /// Our half-precision kernel gives MLX's CPU `matmul` and `addmm` bit for bit, bf16 and f16:
@@ -301,3 +378,4 @@ fn f32t_kernel_is_within_f32_rounding_of_the_exact_product() {
         }
     }
 }
+

@@ -138,6 +138,19 @@ pub enum F32Matmuls {
     /// outputs round differently from MLX's half-precision kernels (and, on some CPUs, from the
     /// stored f32 layout), which can change tokens.
     All,
+    /// As `All`, and where our kernel's factored form runs, a decode step's products with 4- and
+    /// 8-bit matrices quantize each 32 values of x to 8 bits and sum with integer dot products
+    /// (`kernels::AffineForm::Int8`, llama.cpp's way): faster again, x's rounding to 8 bits
+    /// changes the numbers more (the eval instrument measures it).
+    Int8,
+}
+
+impl F32Matmuls {
+    /// Whether dense matrices are held transposed in f32 and quantized products run in f32
+    /// (`All` and `Int8`).
+    pub fn in_f32(self) -> bool {
+        matches!(self, F32Matmuls::All | F32Matmuls::Int8)
+    }
 }
 
 impl std::str::FromStr for F32Matmuls {
@@ -148,7 +161,8 @@ impl std::str::FromStr for F32Matmuls {
             "auto" => Ok(F32Matmuls::Auto),
             "none" => Ok(F32Matmuls::None),
             "all" => Ok(F32Matmuls::All),
-            _ => Err(Error::option("f32Matmuls", format!("{s:?} is not one of \"auto\", \"all\", \"none\""))),
+            "int8" => Ok(F32Matmuls::Int8),
+            _ => Err(Error::option("f32Matmuls", format!("{s:?} is not one of \"auto\", \"all\", \"int8\", \"none\""))),
         }
     }
 }

@@ -478,8 +478,10 @@ KERNEL void store_half(const std::vector<float>& v, array& out) {
   }
 }
 
-// The opt-in factored form, a row at a time (it uses Operands, scale_at and KERNEL_FMA above).
+// The opt-in factored form, a row at a time (it uses Operands, scale_at and KERNEL_FMA above),
+// and the int8 form (it uses the factored form's lanes_sum and PREFETCH_ROWS too).
 #include "factored_rows.h"
+#include "q8_rows.h"
 #else
 bool has_avx2() {
   return false;
@@ -489,10 +491,14 @@ bool has_fma() {
 }
 #endif
 
+// How a product computes: MLX's order; the factored form (factored_rows.h); the int8 form
+// (q8_rows.h) where it fits, else the factored one.
+enum class Form { Mlx = 0, Factored = 1, Int8 = 2 };
+
 class AffineRowsMatmul : public UnaryPrimitive {
  public:
-  AffineRowsMatmul(Stream stream, int group_size, int bits, bool factored)
-      : UnaryPrimitive(stream), group_size_(group_size), bits_(bits), factored_(factored) {}
+  AffineRowsMatmul(Stream stream, int group_size, int bits, Form form)
+      : UnaryPrimitive(stream), group_size_(group_size), bits_(bits), form_(form) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& x = inputs[0];
@@ -519,7 +525,7 @@ class AffineRowsMatmul : public UnaryPrimitive {
                       biases = array::unsafe_weak_copy(biases),
                       group_size = group_size_,
                       bits = bits_,
-                      factored = factored_]() mutable {
+                      form = form_]() mutable {
       // Nothing here throws but an allocation failure: this runs on MLX's stream thread.
       int K = x.shape(-1);
       // f32 results go straight to `out`; half-precision ones through f32 lanes first.
@@ -527,7 +533,9 @@ class AffineRowsMatmul : public UnaryPrimitive {
       std::vector<float> xs = x_in_f32(x), ys(f32_out ? 0 : out.size());
       float* dst = f32_out ? out.data<float>() : ys.data();
       Operands o{xs.data(), w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), dst, int(x.size() / K), w.shape(0), K, group_size};
-      if (f32_out && factored && factored_fits(o, bits)) {
+      if (f32_out && form == Form::Int8 && q8_fits(bits, group_size, K)) {
+        q8_bits(o, bits);
+      } else if (f32_out && form != Form::Mlx && factored_fits(o, bits)) {
         factored_bits(o, bits);
       } else if (f32_out) {
         compute_bits<F32>(o, bits);
@@ -554,13 +562,13 @@ class AffineRowsMatmul : public UnaryPrimitive {
 
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const AffineRowsMatmul&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && factored_ == o.factored_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && form_ == o.form_;
   }
 
  private:
   int group_size_;
   int bits_;
-  bool factored_;
+  Form form_;
 };
 
 void copy_message(const char* what, char* err, size_t err_len) {
@@ -577,9 +585,20 @@ extern "C" bool mlx_bun_affine_rows_fast() {
   return has_avx2();
 }
 
+// Whether an f32 product of rows of K values with a matrix of `bits` in groups of `group_size`
+// takes the int8 form here (where it does not, `form` 2 takes the factored one).
+extern "C" bool mlx_bun_affine_int8_fits(int bits, int group_size, int K) {
+#if defined(__x86_64__)
+  return has_fma() && q8_fits(bits, group_size, K);
+#else
+  return false;
+#endif
+}
+
 // x [..., K] times Wᵀ, W of N rows quantized with `bits` (2, 4 or 8) in groups of `group_size`;
 // the result [..., N] is in the promoted type of x and the scales, as quantized_matmul's is.
-// `factored`: an f32 product in the factored form where the CPU has FMA (MLX's order elsewhere).
+// `form`: 0 MLX's order; 1 an f32 product in the factored form where the CPU has FMA (MLX's
+// order elsewhere); 2 as 1, but at 4 and 8 bits in the int8 form (x quantized to 8 bits).
 // Returns 0, or 1 with the reason in `err`.
 extern "C" int mlx_bun_affine_rows_matmul(
     mlx_array* res,
@@ -589,7 +608,7 @@ extern "C" int mlx_bun_affine_rows_matmul(
     const mlx_array biases_in,
     int group_size,
     int bits,
-    int factored,
+    int form,
     const mlx_stream s,
     char* err,
     size_t err_len) {
@@ -629,7 +648,7 @@ extern "C" int mlx_bun_affine_rows_matmul(
         array(
             std::move(shape),
             type,
-            std::make_shared<AffineRowsMatmul>(stream, group_size, bits, factored && type == float32 && has_fma()),
+            std::make_shared<AffineRowsMatmul>(stream, group_size, bits, type == float32 && has_fma() && form >= 1 && form <= 2 ? Form(form) : Form::Mlx),
             {x, w, scales, biases}));
     return 0;
   } catch (std::exception& e) {

@@ -8,10 +8,14 @@ include!(concat!(env!("OUT_DIR"), "/compat.rs"));
 extern "C" {
     /// Whether `mlx_bun_affine_rows_matmul` runs here: x86_64 with AVX2 and F16C, not macOS.
     pub fn mlx_bun_affine_rows_fast() -> bool;
+    /// Whether `mlx_bun_affine_rows_matmul` with `form` 2 takes the int8 form for rows of `k`
+    /// values with a matrix of `bits` in groups of `group_size` (else the factored one).
+    pub fn mlx_bun_affine_int8_fits(bits: ::std::os::raw::c_int, group_size: ::std::os::raw::c_int, k: ::std::os::raw::c_int) -> bool;
     /// `x · Wᵀ` for an MLX affine-quantized `W`, bit for bit as MLX's CPU kernel computes it (in
-    /// the promoted dtype of x and the scales), or, with `factored` for an f32 product, each
-    /// group as scale · Σ x·q + bias · Σ x in fused multiply-adds (faster, other roundings);
-    /// 0, or 1 with a message in `err`.
+    /// the promoted dtype of x and the scales), or, with `form` 1 for an f32 product, each
+    /// group as scale · Σ x·q + bias · Σ x in fused multiply-adds (faster, other roundings), or
+    /// with `form` 2 so at 2 bits and with x quantized to 8 bits per 32 values and integer dot
+    /// products at 4 and 8; 0, or 1 with a message in `err`.
     pub fn mlx_bun_affine_rows_matmul(
         res: *mut mlx_array,
         x: mlx_array,
@@ -20,7 +24,7 @@ extern "C" {
         biases: mlx_array,
         group_size: ::std::os::raw::c_int,
         bits: ::std::os::raw::c_int,
-        factored: ::std::os::raw::c_int,
+        form: ::std::os::raw::c_int,
         s: mlx_stream,
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
