@@ -234,7 +234,7 @@ export interface LoadOptions {
    * - `'int8'`: as `'all'`, and on x86_64 CPUs with AVX2 and FMA every product with a 4- or 8-bit
    *   matrix (groups of 32 to 256 values, rows of 256 or more) rounds each 32 values of x to 8
    *   bits with one f32 scale (llama.cpp's Q8_0, as node-llama-cpp multiplies) and sums each
-   *   block's products as integers: SmolLM2's Q4_1 GGUF decodes ~1.4x and prefills ~1.45x faster
+   *   block's products as integers: SmolLM2's Q4_1 GGUF decodes ~1.35x and prefills ~1.55x faster
    *   than with `'all'` on an AMD EPYC (Q8_0 and Gemma-3's Q4_K_M ~1.1x), at a KL of 2.8e-3
    *   against the f32 model where `'all'` has none (top-1 agreement 0.969 against 0.996;
    *   `mlx-bun eval kl --f32-matmuls int8`). Elsewhere the same as `'all'`.

@@ -272,7 +272,7 @@ enum F32MatmulsArg {
     /// Dense matrices transposed in f32, quantized ones with f32 scales: several times faster on
     /// the CPU (dense at twice the memory); may change tokens.
     All,
-    /// As all, and decode steps' 4- and 8-bit products with x quantized to 8 bits (integer dot
+    /// As all, and 4- and 8-bit products with x rounded to 8 bits per 32 values (integer dot
     /// products on x86_64): faster again, changes the numbers more.
     Int8,
     /// Every matrix as stored.

@@ -48,7 +48,7 @@ pub enum AffineForm {
     /// The opt-in `f32Matmuls: 'int8'`: at 4 and 8 bits, x quantized to 8 bits per 32 values (one
     /// f32 scale each, llama.cpp's Q8_0) and each group's Σ q·x̂ an integer dot product
     /// (kernels/q8_rows.h): the product of the stored weights with the rounded x, in f32 within
-    /// its rounding, the same on every x86_64 CPU. 2-bit products take the factored form.
+    /// its rounding, the same on every x86_64 CPU. Where `int8_fits` says no, the factored form.
     Int8 = 2,
 }
 

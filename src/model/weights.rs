@@ -138,8 +138,8 @@ pub enum F32Matmuls {
     /// outputs round differently from MLX's half-precision kernels (and, on some CPUs, from the
     /// stored f32 layout), which can change tokens.
     All,
-    /// As `All`, and where our kernel's factored form runs, a decode step's products with 4- and
-    /// 8-bit matrices quantize each 32 values of x to 8 bits and sum with integer dot products
+    /// As `All`, and where our kernel's int8 form runs, products with 4- and 8-bit matrices round
+    /// each 32 values of x to 8 bits and sum with integer dot products
     /// (`kernels::AffineForm::Int8`, llama.cpp's way): faster again, x's rounding to 8 bits
     /// changes the numbers more (the eval instrument measures it).
     Int8,
