@@ -187,6 +187,25 @@ fn affine_rows_kernel_equals_mlx_bit_for_bit() {
     }
 }
 
+/// `form`'s product of x [m, K] with the quantized matrix (q, s, b), checked for what every form
+/// of our kernel promises: a row of x gives alone the numbers it gives among the others (batched
+/// decode steps equal single ones), and scales held in f16 or bf16 (`f32Matmuls: 'all'` keeps them
+/// compact) give the numbers of their values in f32.
+fn form_product(x: &Array, q: &Array, s: &Array, b: &Array, group: i32, bits: i32, form: AffineForm) -> Vec<f32> {
+    let product = |x: &Array, s: &Array, b: &Array| host(kernels::affine_rows_matmul(x, q, s, b, group, bits, form).unwrap());
+    let all = product(x, s, b);
+    let (m, rows) = (x.shape()[0], q.shape()[0] as usize);
+    for i in 0..m {
+        assert_eq!(product(&x.index((i..i + 1, ..)), s, b), all[i as usize * rows..][..rows], "{form:?}, {bits} bits g{group}: row {i} of {m}");
+    }
+    for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+        let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
+        let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
+        assert_eq!(product(x, &s_half, &b_half), product(x, &s32, &b32), "{form:?}, {bits} bits g{group}, {dtype:?} scales");
+    }
+    all
+}
+
 /// The factored form of our kernel (`f32Matmuls: 'all'`) is a rounding change only: against the
 /// exact (f64) product of the dequantized weights its outputs are, over every case, no farther
 /// than MLX's order (it rounds less often), each within f32 rounding of the sum's size, and they
@@ -205,21 +224,8 @@ fn factored_kernel_is_within_f32_rounding_of_the_exact_product() {
         let deq = host(ops::dequantize(&q, &s, &b, group, bits).unwrap());
         for m in [1, 3] {
             let x = random::normal::<f32>(&[m, cols], None, None, None).unwrap();
-            let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
+            let ours = form_product(&x, &q, &s, &b, group, bits, AffineForm::Factored);
             let mlx = host(ops::quantized_matmul(&x, &q, &s, &b, true, group, bits).unwrap());
-            // Each row of x gives the numbers it gives alone (batched decode steps equal single ones).
-            for i in 0..m {
-                let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
-                assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i} of {m}");
-            }
-            // Scales held in f16 or bf16 (`f32Matmuls: 'all'` keeps them compact): the numbers of
-            // their values in f32.
-            for dtype in [Dtype::Float16, Dtype::Bfloat16] {
-                let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
-                let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
-                let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, AffineForm::Factored).unwrap());
-                assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, AffineForm::Factored).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
-            }
             let xs = host(x);
             let (cols, rows) = (cols as usize, rows as usize);
             for (i, j) in (0..m as usize).flat_map(|i| (0..rows).map(move |j| (i, j))) {
@@ -272,18 +278,8 @@ fn int8_kernel_is_the_product_with_x_rounded_to_8_bits() {
         xs[..32].fill(0.0);
         xs[2 * cols as usize + 5] = 300.0;
         let x = Array::from_slice(&xs, &[3, cols]);
-        let ours = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Int8).unwrap());
+        let ours = form_product(&x, &q, &s, &b, group, bits, AffineForm::Int8);
         let factored = host(kernels::affine_rows_matmul(&x, &q, &s, &b, group, bits, AffineForm::Factored).unwrap());
-        for i in 0..3 {
-            let alone = host(kernels::affine_rows_matmul(&x.index((i..i + 1, ..)), &q, &s, &b, group, bits, AffineForm::Int8).unwrap());
-            assert_eq!(alone, ours[i as usize * rows as usize..][..rows as usize], "{bits} bits g{group}: row {i}");
-        }
-        for dtype in [Dtype::Float16, Dtype::Bfloat16] {
-            let (s_half, b_half) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
-            let (s32, b32) = (s_half.as_dtype(Dtype::Float32).unwrap(), b_half.as_dtype(Dtype::Float32).unwrap());
-            let compact = host(kernels::affine_rows_matmul(&x, &q, &s_half, &b_half, group, bits, AffineForm::Int8).unwrap());
-            assert_eq!(compact, host(kernels::affine_rows_matmul(&x, &q, &s32, &b32, group, bits, AffineForm::Int8).unwrap()), "{bits} bits g{group}, {dtype:?} scales");
-        }
         let (cols, rows) = (cols as usize, rows as usize);
         let rounded = q8_rounded(&xs);
         for (i, j) in (0..3).flat_map(|i| (0..rows).map(move |j| (i, j))) {
