@@ -130,6 +130,32 @@ pub fn sdpa_rows(q: &Array, k: &Array, v: &Array, scale: f32, factored: bool) ->
     build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_sdpa_rows(res, q.as_ptr(), k.as_ptr(), v.as_ptr(), scale, factored as i32, stream, err, len) })
 }
 
+/// Whether `log_softmax_rows` and `swiglu_rows` take these operands: our kernels with FMA run
+/// here (they compute MLX's exponential eight values at a time), and every operand is f32 of one
+/// shape with a last axis.
+pub fn exp_rows_fit(operands: &[&Array]) -> bool {
+    let shape = operands[0].shape();
+    !shape.is_empty() && operands.iter().all(|a| a.dtype() == Dtype::Float32 && a.shape() == shape) && fma_kernels()
+}
+
+/// Each row of x [..., n] minus its logsumexp (the log-probabilities of logits): one graph node,
+/// equal bit for bit to MLX's CPU `x − logsumexp(x, -1, keepdims)` (two nodes, the exponentials
+/// one at a time on x86_64), the exponentials in AVX2 lanes (kernels/exp_rows.h). Built on this
+/// thread's current stream. Only where `exp_rows_fit` (an error elsewhere).
+pub fn log_softmax_rows(x: &Array) -> Result<Array, Exception> {
+    // SAFETY: the handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_log_softmax_rows(res, x.as_ptr(), stream, err, len) })
+}
+
+/// silu(gate) · x for gate and x of one shape: one graph node, equal bit for bit to mlx-lm's
+/// compiled `swiglu` on MLX's CPU backend, the sigmoid's exponentials in AVX2 lanes
+/// (kernels/exp_rows.h). Built on this thread's current stream. Only where `exp_rows_fit` (an
+/// error elsewhere).
+pub fn swiglu_rows(gate: &Array, x: &Array) -> Result<Array, Exception> {
+    // SAFETY: every handle is a live mlx-rs array for the call (`build` checks the rest).
+    build(|res, stream, err, len| unsafe { mlx_sys::mlx_bun_swiglu_rows(res, gate.as_ptr(), x.as_ptr(), stream, err, len) })
+}
+
 type WithBias = unsafe extern "C" fn(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_array, *const mlx_sys::mlx_array, mlx_sys::mlx_stream, *mut std::os::raw::c_char, usize) -> std::os::raw::c_int;
 
 /// Calls one of our kernels' builders of `x`, a matrix and an optional bias.

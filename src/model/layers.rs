@@ -523,8 +523,16 @@ impl Activation {
     }
 }
 
-/// mlx-lm's compiled `swiglu`: silu(gate) · x in one fused kernel.
+/// mlx-lm's compiled `swiglu`: silu(gate) · x in one fused kernel (in f32 where our kernels run,
+/// ours: its numbers, the exponentials eight at a time).
 pub(super) fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    if kernels::exp_rows_fit(&[gate, x]) {
+        return Ok(kernels::swiglu_rows(gate, x)?);
+    }
+    compiled_swiglu(gate, x)
+}
+
+fn compiled_swiglu(gate: &Array, x: &Array) -> Result<Array> {
     let f = |a: &[Array]| Ok(vec![a[0].multiply(ops::sigmoid(&a[0])?)?.multiply(&a[1])?]);
     Ok(compiled::call1(("swiglu", [0; 4]), true, &[gate.clone(), x.clone()], f)?)
 }

@@ -34,6 +34,37 @@ fn compiled_rms_norm_equals_mlx_bit_for_bit() {
     }
 }
 
+/// Our SwiGLU kernel (where it runs) gives mlx-lm's compiled `swiglu` bit for bit: gates over
+/// every 4 088th f32 bit pattern (NaNs and infinities among them, the sigmoid's exp over its whole
+/// range), short rows (the lanes' tail), the halves of a fused gate-and-up product (rows read
+/// through strides) and a transposed view.
+#[test]
+fn swiglu_kernel_equals_compiled_swiglu_bit_for_bit() {
+    if !kernels::fma_kernels() {
+        return; // our kernels with FMA only (kernels::exp_rows_fit; the CPU decides)
+    }
+    let differing = |a: &Array, b: &Array| {
+        let (a, b) = (host(a.reshape(&[-1]).unwrap()), host(b.reshape(&[-1]).unwrap()));
+        a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).count()
+    };
+    let (rows, n) = (684, 1536);
+    let count = rows * n;
+    let gates: Vec<f32> = (0..count).map(|i| f32::from_bits(i as u32 * (u32::MAX / count as u32))).collect();
+    let gate = Array::from_slice(&gates, &[rows as i32, 1, n as i32]);
+    let x = random::normal::<f32>(&[rows as i32, 1, n as i32], None, None, None).unwrap();
+    let short = random::normal::<f32>(&[3, 1, 13], None, None, None).unwrap();
+    let fused = ops::multiply(&random::normal::<f32>(&[5, 2006], None, None, None).unwrap(), Array::from_f32(8.0)).unwrap();
+    let (g, u) = (fused.index((.., ..1003)), fused.index((.., 1003..)));
+    let transposed = random::normal::<f32>(&[13, 4], None, None, None).unwrap().t();
+    for (g, u, what) in [(&gate, &x, "sweep"), (&short, &short, "short"), (&g, &u, "halves"), (&transposed, &transposed, "transposed")] {
+        assert!(kernels::exp_rows_fit(&[g, u]));
+        let ours = kernels::swiglu_rows(g, u).unwrap();
+        let compiled = compiled_swiglu(g, u).unwrap();
+        assert_eq!(ours.shape(), compiled.shape());
+        assert_eq!(differing(&ours, &compiled), 0, "{what}: values differ");
+    }
+}
+
 /// Split products are bit for bit the one product, bf16 and 4-bit alike (on Metal both
 /// sides are one product).
 #[test]

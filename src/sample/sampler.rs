@@ -7,6 +7,7 @@ use mlx_rs::{ops, random, Array, Dtype};
 
 use super::options::SamplingOptions;
 use crate::error::Result;
+use crate::mlx::kernels;
 
 /// Per-step PRNG key: `seed ⊕ (step+1)·φ` (φ = 0x9e3779b97f4a7c15), as in mlx-bun.
 pub fn step_seed(seed: u64, step: u64) -> u64 {
@@ -49,7 +50,7 @@ impl Sampler {
     /// Logits [1, V] → (token [1] as uint32, log-probabilities [1, V] after the processors).
     pub fn sample(&self, logits: &Array, step: u64) -> Result<(Array, Array)> {
         let logits = self.process(logits)?;
-        let logprobs = ops::subtract(&logits, &logits.logsumexp_axis(-1, true)?)?;
+        let logprobs = log_softmax(&logits)?;
         let o = &self.opts;
         let token = if o.temperature == 0.0 {
             argmax_axis(&logprobs, -1, None)?
@@ -112,6 +113,15 @@ impl Sampler {
     }
 }
 
+/// logits − logsumexp(logits) over the vocabulary (in f32 where our kernels run, one node with
+/// MLX's numbers).
+fn log_softmax(logits: &Array) -> Result<Array> {
+    if kernels::exp_rows_fit(&[logits]) {
+        return Ok(kernels::log_softmax_rows(logits)?);
+    }
+    Ok(ops::subtract(logits, &logits.logsumexp_axis(-1, true)?)?)
+}
+
 fn penalty_on(p: f32, multiplicative: bool) -> bool {
     if multiplicative {
         p != 0.0 && p != 1.0
@@ -165,6 +175,50 @@ mod tests {
     fn kept(a: &Array) -> Vec<bool> {
         a.eval().unwrap();
         a.as_slice::<f32>().iter().map(|v| v.is_finite()).collect()
+    }
+
+    /// Values whose bits differ between two f32 arrays (NaNs alike whatever their payload).
+    fn differing(a: &Array, b: &Array) -> usize {
+        let (a, b) = (a.reshape(&[-1]).unwrap(), b.reshape(&[-1]).unwrap());
+        a.eval().unwrap();
+        b.eval().unwrap();
+        a.as_slice::<f32>().iter().zip(b.as_slice::<f32>()).filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())).count()
+    }
+
+    /// Our log-probabilities kernel (where it runs) gives MLX's `logits − logsumexp(logits)` bit
+    /// for bit: a vocabulary's worth of logits, differences from the maximum spanning MLX's exp
+    /// from −100 to 0 (every 22 794th float), an infinity either way, a NaN, a row of −inf,
+    /// short rows (the lanes' tail), and rows read through strides.
+    #[test]
+    fn log_softmax_kernel_equals_mlx_bit_for_bit() {
+        if !kernels::fma_kernels() {
+            return; // our kernels with FMA only (kernels::exp_rows_fit; the CPU decides)
+        }
+        let v = 49152usize;
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut noise = move |scale: f32| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+        };
+        let spread: Vec<f32> = (0..v).map(|_| noise(20.0)).collect();
+        let sweep: Vec<f32> = (0..v).map(|i| -f32::from_bits((i as u32) * (100f32.to_bits() / v as u32))).collect();
+        let mut infinities = spread.clone();
+        infinities[5] = f32::NEG_INFINITY;
+        infinities[77] = f32::INFINITY;
+        let mut nan = spread.clone();
+        nan[4000] = f32::NAN;
+        let wide = Array::from_slice(&[spread, sweep, infinities, nan].concat(), &[4, v as i32]);
+        let short: Vec<f32> = (0..13).map(|_| noise(5.0)).chain([f32::NEG_INFINITY; 13]).chain((0..13).map(|i| if i % 2 == 0 { 3e38 } else { -3e38 })).collect();
+        let short = Array::from_slice(&short, &[3, 1, 13]);
+        let columns = wide.index((.., ..49001));
+        let transposed = Array::from_slice(&(0..39).map(|_| noise(9.0)).collect::<Vec<_>>(), &[13, 3]).t();
+        for (x, what) in [(&wide, "wide"), (&short, "short"), (&columns, "sliced"), (&transposed, "transposed")] {
+            assert!(kernels::exp_rows_fit(&[x]));
+            let mlx = ops::subtract(x, &x.logsumexp_axis(-1, true).unwrap()).unwrap();
+            let ours = kernels::log_softmax_rows(x).unwrap();
+            assert_eq!(ours.shape(), mlx.shape());
+            assert_eq!(differing(&ours, &mlx), 0, "{what}: values differ");
+        }
     }
 
     #[test]

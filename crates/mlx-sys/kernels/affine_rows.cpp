@@ -669,5 +669,9 @@ extern "C" int mlx_bun_affine_rows_matmul(
 #include "rope_rows.h"
 #include "rms_rows.h"
 
+// MLX's exp in lanes: the sampler's log-softmax and SwiGLU in one node each, and the softmax
+// the attention below uses.
+#include "exp_rows.h"
+
 // Attention of one query position in one node (MLX's fallback's BLAS calls and softmax).
 #include "sdpa_rows.h"

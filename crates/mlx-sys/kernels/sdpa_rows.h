@@ -11,7 +11,7 @@
 // makes them, one `cblas_sgemm` per head: scores = q' · Kgᵀ, softmax, out = probabilities · Vg;
 // operands laid out as MLX lays them out (its transposition check, or a packed copy where
 // neither layout fits). Under the opt-in `f32Matmuls: 'all'` the products are our own chains of
-// fused multiply-adds instead (sdpa_head_factored).
+// fused multiply-adds instead (sdpa_head_factored), and the heads are spread over the cores.
 
 // Where the kernel is built: where our kernels run (x86_64, not macOS, whose MLX multiplies
 // through Accelerate).
@@ -62,27 +62,6 @@ Operand blas_operand(const float* p, int rows, int cols, int64_t s_row, int64_t 
   return {packed_rows(p, rows, cols, s_row, s_col, copy), false, cols};
 }
 
-// MLX's CPU softmax of one f32 row in place (softmax<float, float>, one lane on x86_64).
-void mlx_softmax_row(float* x, int n) {
-  using namespace mlx::core::simd;
-  Simd<float, 1> vmax(-std::numeric_limits<float>::infinity());
-  for (int i = 0; i < n; i++) {
-    vmax = maximum(Simd<float, 1>(x[i]), vmax);
-  }
-  const float top = max(vmax);
-  Simd<float, 1> vnorm(0.0);
-  for (int i = 0; i < n; i++) {
-    Simd<float, 1> e = exp(Simd<float, 1>(x[i]) - top);
-    x[i] = e.value;
-    vnorm = vnorm + e;
-  }
-  float norm = sum(vnorm);
-  norm = 1 / norm;
-  for (int i = 0; i < n; i++) {
-    x[i] = (Simd<float, 1>(x[i]) * norm).value;
-  }
-}
-
 // The opt-in form (`f32Matmuls: 'all'`): the two products as chains of fused multiply-adds, not
 // BLAS calls (OpenBLAS packs both operands at each of its calls, two per head: ~6 % of a SmolLM2
 // decode step's samples), the softmax as MLX computes it. Each score one chain over the head's
@@ -102,7 +81,7 @@ KERNEL_FMA void sdpa_head_factored(const float* q, const float* k, const float* 
     }
     scores[t] = s;
   }
-  mlx_softmax_row(scores, T);
+  softmax_row(scores, T);
   int d = 0;
   for (; d + 8 <= Dv; d += 8) {
     __m256 acc = _mm256_setzero_ps();
@@ -120,12 +99,46 @@ KERNEL_FMA void sdpa_head_factored(const float* q, const float* k, const float* 
   }
 }
 
+// The opt-in form over every head of q [B, H, 1, D] (k and v of KH heads as sdpa_rows_compute
+// gets them): each group's keys and values as packed rows (copied where the cache's are not),
+// then the heads spread over the cores (kernels/row_pool.h), each head's output computed by one
+// thread as alone.
+void sdpa_factored_heads(const array& q, const array& k, const array& v, float scale, float* o) {
+  const int B = q.shape(0), H = q.shape(1), D = q.shape(3), KH = k.shape(1), T = k.shape(2), Dv = v.shape(3);
+  const int repeats = H / KH;
+  const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  std::vector<std::vector<float>> copies(size_t(B) * KH * 2);
+  std::vector<const float*> keys(size_t(B) * KH), values(size_t(B) * KH);
+  for (int b = 0; b < B; b++) {
+    for (int g = 0; g < KH; g++) {
+      const size_t i = size_t(b) * KH + g;
+      keys[i] = packed_rows(k.data<float>() + b * ks[0] + g * ks[1], T, D, ks[2], ks[3], copies[2 * i]);
+      values[i] = packed_rows(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], copies[2 * i + 1]);
+    }
+  }
+  parallel_rows(B * H, 1, [&](int h0, int h1) {
+    std::vector<float> qrow(D), scores(T);
+    for (int bh = h0; bh < h1; bh++) {
+      const int b = bh / H, h = bh % H;
+      const float* qh = q.data<float>() + b * qs[0] + h * qs[1];
+      for (int i = 0; i < D; i++) {
+        qrow[i] = scale * qh[i * qs[3]];
+      }
+      const size_t group = size_t(b) * KH + h / repeats;
+      sdpa_head_factored(qrow.data(), keys[group], values[group], D, T, Dv, scores.data(), o + size_t(bh) * Dv);
+    }
+  });
+}
+
 // Inputs q [B, heads, 1, D], k [B, kv_heads, T, D], v [B, kv_heads, T, Dv]; params scale, and
 // whether in the opt-in form.
 void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, array& out) {
   const array &q = in[0], &k = in[1], &v = in[2];
   const float scale = p[0];
-  const bool factored = p[1] != 0;
+  if (p[1] != 0) {
+    sdpa_factored_heads(q, k, v, scale, out.data<float>());
+    return;
+  }
   const int B = q.shape(0), H = q.shape(1), D = q.shape(3), KH = k.shape(1), T = k.shape(2), Dv = v.shape(3);
   const int repeats = H / KH;
   const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
@@ -133,12 +146,10 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
   float* o = out.data<float>();
   for (int b = 0; b < B; b++) {
     for (int g = 0; g < KH; g++) {
-      // This group's keys and values, shared by its query heads: packed rows [T, D] and [T, Dv]
-      // for the opt-in form, else Kgᵀ [D, T] and Vg [T, Dv] as MLX hands them to BLAS.
-      const float* kp = k.data<float>() + b * ks[0] + g * ks[1];
-      const float* vp = v.data<float>() + b * vs[0] + g * vs[1];
-      const Operand kt = factored ? Operand{packed_rows(kp, T, D, ks[2], ks[3], kcopy), false, D} : blas_operand(kp, D, T, ks[3], ks[2], kcopy);
-      const Operand vg = factored ? Operand{packed_rows(vp, T, Dv, vs[2], vs[3], vcopy), false, Dv} : blas_operand(vp, T, Dv, vs[2], vs[3], vcopy);
+      // This group's keys and values, shared by its query heads: Kgᵀ [D, T] and Vg [T, Dv] as
+      // MLX hands them to BLAS.
+      const Operand kt = blas_operand(k.data<float>() + b * ks[0] + g * ks[1], D, T, ks[3], ks[2], kcopy);
+      const Operand vg = blas_operand(v.data<float>() + b * vs[0] + g * vs[1], T, Dv, vs[2], vs[3], vcopy);
       for (int r = 0; r < repeats; r++) {
         const int h = g * repeats + r;
         const float* qh = q.data<float>() + b * qs[0] + h * qs[1];
@@ -146,13 +157,9 @@ void sdpa_rows_compute(const std::vector<array>& in, const RowOp::Params& p, arr
           qrow[i] = scale * qh[i * qs[3]];
         }
         float* oh = o + (size_t(b) * H + h) * Dv;
-        if (factored) {
-          sdpa_head_factored(qrow.data(), kt.data, vg.data, D, T, Dv, scores.data(), oh);
-          continue;
-        }
         cblas_sgemm(kRowMajor, kNoTrans, kt.transposed ? kTrans : kNoTrans, 1, T, D, 1.0f, qrow.data(), D, kt.data, kt.ld, 0.0f,
                     scores.data(), T);
-        mlx_softmax_row(scores.data(), T);
+        softmax_row(scores.data(), T);
         cblas_sgemm(kRowMajor, kNoTrans, vg.transposed ? kTrans : kNoTrans, 1, Dv, T, 1.0f, scores.data(), T, vg.data, vg.ld, 0.0f, oh, Dv);
       }
     }

@@ -100,4 +100,23 @@ extern "C" {
         err: *mut ::std::os::raw::c_char,
         err_len: usize,
     ) -> ::std::os::raw::c_int;
+    /// Each row of x [..., n] (f32) minus its logsumexp, as MLX's CPU `logsumexp` over the last
+    /// axis and `subtract` compute it, bit for bit; 0, or 1 with a message in `err`.
+    pub fn mlx_bun_log_softmax_rows(
+        res: *mut mlx_array,
+        x: mlx_array,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
+    /// silu(gate) · x for gate and x of one shape in f32, as mlx-lm's compiled `swiglu` computes
+    /// it on MLX's CPU backend, bit for bit; 0, or 1 with a message in `err`.
+    pub fn mlx_bun_swiglu_rows(
+        res: *mut mlx_array,
+        gate: mlx_array,
+        x: mlx_array,
+        s: mlx_stream,
+        err: *mut ::std::os::raw::c_char,
+        err_len: usize,
+    ) -> ::std::os::raw::c_int;
 }
