@@ -228,7 +228,7 @@ export interface LoadOptions {
    *   at a time, four rows ahead prefetched (Q8_0 decode 38 → 45 tokens/s, Gemma-3's Q4_K_M
    *   21 → 28 on an AMD EPYC; on an Intel Xeon 30 → 35 and 21 → 26, and with our kernels on both
    *   cores 42 → 57 and 28 → 35). A decode step's attention over an f32 cache (x86_64, FMA)
-   *   multiplies in fused multiply-adds instead of BLAS calls. Faster on the CPU backend (dense matrices at twice their memory, quantized ones
+   *   multiplies in fused multiply-adds instead of BLAS calls, its heads spread over the cores. Faster on the CPU backend (dense matrices at twice their memory, quantized ones
    *   with scales in f32 where our factored form does not run), but rounding differs from MLX's kernels, so tokens can differ
    *   from mlx-lm's (`mlx-bun eval kl --f32-matmuls all` measures what it costs).
    * - `'int8'`: as `'all'`, and on x86_64 CPUs with AVX2 and FMA every product with a 4- or 8-bit
