@@ -18,7 +18,7 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
-    for f in ["compat/half_compat.cpp", "compat/mach_time.c", "compat/std_format_shim.h", "kernels/affine_rows.cpp", "kernels/factored_rows.h", "kernels/q8_rows.h", "kernels/half_rows.h", "kernels/row_pool.h", "kernels/f32t_rows.h", "kernels/row_ops.h", "kernels/rope_rows.h", "kernels/rms_rows.h", "kernels/sdpa_rows.h", "kernels/exp_rows.h"] {
+    for f in ["compat/half_compat.cpp", "compat/mach_time.c", "compat/std_format_shim.h", "kernels/affine_rows.cpp", "kernels/factored_rows.h", "kernels/q8_rows.h", "kernels/half_rows.h", "kernels/row_pool.h", "kernels/f32t_rows.h", "kernels/row_ops.h", "kernels/rope_rows.h", "kernels/rms_rows.h", "kernels/sdpa_rows.h", "kernels/exp_rows.h", "kernels/values.h"] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rerun-if-env-changed=CARGO_HOME");
